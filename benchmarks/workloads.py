@@ -1,0 +1,191 @@
+"""The offline-throughput workload: the model shape, the model folder, the requests, their FLOPs.
+
+Everything here is deterministic from a seed, so every engine (and every rerun) sees the same
+token ids. The model is a random-weight Llama with the SmolLM2-135M shape, saved once as a
+Hugging Face folder (config.json + model.safetensors + tokenizer) that all engines load.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+# SmolLM2-135M's shape (head_dim 64: inside vLLM-CPU's supported set).
+SMOLLM2_135M_SHAPE: dict[str, Any] = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "rope_theta": 100000.0,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+}
+
+# Bump when the folder's contents change, so an old cached folder is rebuilt.
+_MODEL_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of the workload: prompt token ids and the exact number of tokens to generate."""
+
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def linear_shapes(self) -> list[tuple[str, int, int]]:
+        """(name, in_features, out_features) of every matmul in one decoder layer."""
+        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        i = self.intermediate_size
+        return [
+            ("q_proj", h, h),
+            ("k_proj", h, kv),
+            ("v_proj", h, kv),
+            ("o_proj", h, h),
+            ("gate_proj", h, i),
+            ("up_proj", h, i),
+            ("down_proj", i, h),
+        ]
+
+    @property
+    def params_per_layer(self) -> int:
+        return sum(k * n for _, k, n in self.linear_shapes())
+
+    @property
+    def params_in_linear_layers(self) -> int:
+        """Weights every token multiplies through (all decoder layers, lm_head excluded)."""
+        return self.num_hidden_layers * self.params_per_layer
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.hidden_size * self.vocab_size
+
+
+def model_shape() -> ModelShape:
+    s = SMOLLM2_135M_SHAPE
+    return ModelShape(
+        hidden_size=int(s["hidden_size"]),
+        num_hidden_layers=int(s["num_hidden_layers"]),
+        num_attention_heads=int(s["num_attention_heads"]),
+        num_key_value_heads=int(s["num_key_value_heads"]),
+        intermediate_size=int(s["intermediate_size"]),
+        vocab_size=int(s["vocab_size"]),
+    )
+
+
+def make_workload(
+    num_requests: int,
+    prompt_len_range: tuple[int, int],
+    output_len_range: tuple[int, int],
+    vocab_size: int,
+    seed: int,
+) -> list[BenchRequest]:
+    """Random token-id prompts, lengths uniform in the inclusive ranges, no special ids (0-2)."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_requests):
+        prompt_len = rng.randint(*prompt_len_range)
+        output_len = rng.randint(*output_len_range)
+        prompt = [rng.randrange(3, vocab_size) for _ in range(prompt_len)]
+        requests.append(BenchRequest(prompt_token_ids=prompt, max_tokens=output_len))
+    return requests
+
+
+def workload_to_json(requests: list[BenchRequest]) -> list[dict[str, object]]:
+    return [asdict(r) for r in requests]
+
+
+def workload_flops(requests: list[BenchRequest], shape: ModelShape) -> dict[str, float]:
+    """The matmul work the workload needs at minimum, in FLOPs.
+
+    Every request forwards ``prompt_len + max_tokens - 1`` tokens (the last sampled token is never
+    fed back). Per forwarded token: ``2 * params_in_linear_layers``. The lm_head runs only for
+    the ``max_tokens`` positions whose logits are sampled. Causal attention for the token at
+    position ``p`` (0-based) reads ``p + 1`` keys: ``QK^T`` and ``PV`` cost
+    ``2 * 2 * num_heads * head_dim * (p + 1)`` per layer.
+
+        positions   0 1 2 ... L-1        (L = forwarded tokens)
+        keys read   1 2 3 ... L          sum = L (L + 1) / 2
+    """
+    linear = lm_head = attention = 0.0
+    for r in requests:
+        num_forwarded = len(r.prompt_token_ids) + r.max_tokens - 1
+        linear += 2.0 * shape.params_in_linear_layers * num_forwarded
+        lm_head += 2.0 * shape.lm_head_params * r.max_tokens
+        keys_read = num_forwarded * (num_forwarded + 1) / 2
+        attention += 4.0 * shape.hidden_size * shape.num_hidden_layers * keys_read
+    return {
+        "linear": linear,
+        "lm_head": lm_head,
+        "attention": attention,
+        "total": linear + lm_head + attention,
+    }
+
+
+def _write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer covering every id (``<t17>`` is id 17), so any id detokenizes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({f"<t{i}>": i for i in range(len(specials), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.save_pretrained(folder)
+
+
+def ensure_model_folder(folder: Path, seed: int = 0) -> Path:
+    """Create the random-weight model folder once; reuse it when it is already complete."""
+    marker = folder / "pdserve_bench_model.json"
+    expected = {"version": _MODEL_FORMAT_VERSION, "seed": seed, "shape": SMOLLM2_135M_SHAPE}
+    if marker.exists() and json.loads(marker.read_text()) == expected:
+        return folder
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(
+        **SMOLLM2_135M_SHAPE,
+        hidden_act="silu",
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        attention_bias=False,
+        mlp_bias=False,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)  # fp32 parameters
+    model.save_pretrained(folder, safe_serialization=True)
+    _write_tokenizer(folder, int(SMOLLM2_135M_SHAPE["vocab_size"]))
+    marker.write_text(json.dumps(expected))
+    return folder
