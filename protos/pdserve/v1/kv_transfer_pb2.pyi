@@ -148,8 +148,9 @@ class KVAck(_message.Message):
     def __init__(self, status: _Optional[_Union[KVStatus, str]] = ..., error: _Optional[str] = ..., num_missing_blocks: _Optional[int] = ...) -> None: ...
 
 class KVFrame(_message.Message):
-    __slots__ = ("seq", "hello", "hello_reply", "push", "renew", "abort", "ack")
+    __slots__ = ("seq", "sender_id", "hello", "hello_reply", "push", "renew", "abort", "ack")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HELLO_REPLY_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
@@ -157,10 +158,11 @@ class KVFrame(_message.Message):
     ABORT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     seq: int
+    sender_id: int
     hello: KVHello
     hello_reply: KVHelloReply
     push: KVPush
     renew: KVRenew
     abort: KVAbort
     ack: KVAck
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[KVHello, _Mapping]] = ..., hello_reply: _Optional[_Union[KVHelloReply, _Mapping]] = ..., push: _Optional[_Union[KVPush, _Mapping]] = ..., renew: _Optional[_Union[KVRenew, _Mapping]] = ..., abort: _Optional[_Union[KVAbort, _Mapping]] = ..., ack: _Optional[_Union[KVAck, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., sender_id: _Optional[int] = ..., hello: _Optional[_Union[KVHello, _Mapping]] = ..., hello_reply: _Optional[_Union[KVHelloReply, _Mapping]] = ..., push: _Optional[_Union[KVPush, _Mapping]] = ..., renew: _Optional[_Union[KVRenew, _Mapping]] = ..., abort: _Optional[_Union[KVAbort, _Mapping]] = ..., ack: _Optional[_Union[KVAck, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,81 @@
+"""Choosing a transport: configuration names one, ``"auto"`` takes UCX when ucxx is installed.
+
+receiver = create_receiver(spec, kv_pool, owner, transport="auto")   # decode worker
+sender = KVSender(spec, kv_pool)        # prefill worker: speaks every available scheme
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from engine.kv_cache_spec import KVCacheSpec
+from kv_transfer.metrics import TransferMetrics
+from kv_transfer.receiver import DEFAULT_LEASE_S, ReceiverBase
+from kv_transfer.reservations import ReservationOwner
+from kv_transfer.transport import Connector
+
+TRANSPORTS = ("ucx", "tcp", "inproc")
+
+
+def is_ucx_available() -> bool:
+    """True when the optional ``pdserve[ucx]`` extra (ucxx) is installed. Does not import it:
+    UCX must be initialised only after any fork."""
+    return importlib.util.find_spec("ucxx") is not None
+
+
+def available_transports() -> list[str]:
+    return [t for t in TRANSPORTS if t != "ucx" or is_ucx_available()]
+
+
+def resolve_transport(transport: str = "auto") -> str:
+    """``"auto"`` -> ``"ucx"`` if installed else ``"tcp"``; any other name is checked."""
+    if transport == "auto":
+        return "ucx" if is_ucx_available() else "tcp"
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; choose from {TRANSPORTS} or 'auto'")
+    if transport == "ucx" and not is_ucx_available():
+        raise ValueError("transport 'ucx' needs ucxx: pip install 'pdserve[ucx]'")
+    return transport
+
+
+def create_receiver(
+    spec: KVCacheSpec,
+    pool: Any,
+    owner: ReservationOwner,
+    transport: str = "auto",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    name: str | None = None,
+    metrics: TransferMetrics | None = None,
+    default_lease_s: float = DEFAULT_LEASE_S,
+) -> ReceiverBase:
+    """The decode worker's receiver for ``transport``; call ``await receiver.start()`` on the
+    event loop that will serve it. ``host``/``port`` apply to TCP, ``name`` to in-process."""
+    kind = resolve_transport(transport)
+    common: dict[str, Any] = {"metrics": metrics, "default_lease_s": default_lease_s}
+    if kind == "tcp":
+        from kv_transfer.tcp import TcpReceiver
+
+        return TcpReceiver(spec, pool, owner, host=host, port=port, **common)
+    if kind == "inproc":
+        from kv_transfer.inproc import InprocReceiver
+
+        return InprocReceiver(spec, pool, owner, name=name, **common)
+    from kv_transfer.ucx import UcxReceiver
+
+    return UcxReceiver(spec, pool, owner, **common)
+
+
+def default_connectors() -> list[Connector]:
+    """A connector for every available scheme (UCX is initialised lazily, on first connect)."""
+    from kv_transfer.inproc import InprocConnector
+    from kv_transfer.tcp import TcpConnector
+
+    connectors: list[Connector] = [TcpConnector(), InprocConnector()]
+    if is_ucx_available():
+        from kv_transfer.ucx import UcxConnector
+
+        connectors.append(UcxConnector())
+    return connectors

@@ -1,0 +1,269 @@
+"""Prefill side: pushes a request's finished blocks into the blocks decode reserved.
+
+    sender = KVSender(spec, kv_pool)                  # one per prefill worker
+    transfer = await sender.open(ticket)              # handshake on first use of the endpoint
+    await transfer.push([0, 1, 2], src_block_ids=[7, 8, 9])   # after each prefill chunk
+    await transfer.finish(first_token_id, first_token_logprob) # the last message
+    # or: await transfer.abort("client went away")
+
+``push`` returns once decode has written the blocks, so the caller may then reuse its source
+blocks; run it as a task to overlap the transfer with the next chunk's compute. Pushes of
+different requests to the same decode worker share one connection and interleave chunk by
+chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from engine.kv_cache_spec import KVCacheSpec
+from kv_transfer.compatibility import compatibility_of
+from kv_transfer.errors import (
+    KVTransferError,
+    PeerLostError,
+    TransferIncompleteError,
+    TransferRefusedError,
+    TransferTimeoutError,
+)
+from kv_transfer.metrics import TransferMetrics
+from kv_transfer.pool import PoolBuffer
+from kv_transfer.ticket import ReservationTicket
+from kv_transfer.transport import Channel, Connector
+from kv_transfer.wire import segment_runs, status_name
+from protos.pdserve.v1 import kv_transfer_pb2 as pb
+
+
+class OutgoingTransfer:
+    """One request's transfer; created by ``KVSender.open``. Not thread-safe: use it from the
+    sender's event loop."""
+
+    def __init__(self, sender: KVSender, ticket: ReservationTicket, timeout_s: float) -> None:
+        self.ticket = ticket
+        self._sender = sender
+        self._timeout_s = timeout_s
+        self._pending: set[asyncio.Task[None]] = set()
+        self._sent: set[int] = set()
+        self._started = time.monotonic()
+        self._bytes = 0
+        self.is_done = False
+
+    async def push(self, block_indices: Sequence[int], src_block_ids: Sequence[int]) -> None:
+        """Send blocks ``block_indices`` of the request, read from this worker's pool blocks
+        ``src_block_ids``. Returns when decode has written them. Raises
+        ``TransferRefusedError`` (the reservation is gone, or a block is not expected),
+        ``PeerLostError`` or ``TransferTimeoutError``; the transfer is then over."""
+        await self._send(list(block_indices), list(src_block_ids), is_last=False)
+
+    async def finish(
+        self,
+        first_token_id: int,
+        first_token_logprob: float,
+        block_indices: Sequence[int] = (),
+        src_block_ids: Sequence[int] = (),
+    ) -> None:
+        """The final message (optionally with the last blocks): waits for this transfer's
+        earlier pushes, then tells decode the first sampled token. Returns when decode has
+        every expected block; raises ``TransferIncompleteError`` if some were never pushed."""
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._send(
+            list(block_indices),
+            list(src_block_ids),
+            is_last=True,
+            first_token_id=first_token_id,
+            first_token_logprob=first_token_logprob,
+        )
+        self._done()
+        seconds = time.monotonic() - self._started
+        self._sender.metrics.record_skipped(len(self.ticket.cached_blocks))
+        self._sender.metrics.record_transfer(seconds, self._bytes)
+
+    async def renew(self) -> None:
+        """Extend decode's lease (e.g. while this request waits in the prefill queue)."""
+        frame = pb.KVFrame(
+            renew=pb.KVRenew(request_id=self.ticket.request_id, token=self.ticket.token)
+        )
+        await self._call(frame, [])
+
+    async def abort(self, reason: str = "") -> None:
+        """Tell decode to release the reservation (best effort, idempotent); returns once this
+        transfer's in-flight pushes have stopped reading the source blocks."""
+        if self.is_done:
+            return
+        self._done()
+        frame = pb.KVFrame(
+            abort=pb.KVAbort(
+                request_id=self.ticket.request_id, token=self.ticket.token, reason=reason
+            )
+        )
+        try:
+            await self._call(frame, [])
+        except KVTransferError:
+            pass  # the peer is gone: its lease or peer-loss detection frees the reservation
+        # Pushes already on the wire end by themselves (refused, or each one's deadline);
+        # cancelling them could cut a frame in half.
+        others = self._pending - {asyncio.current_task()}
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
+
+    async def _send(
+        self,
+        block_indices: list[int],
+        src_block_ids: list[int],
+        is_last: bool,
+        first_token_id: int = 0,
+        first_token_logprob: float = 0.0,
+    ) -> None:
+        if self.is_done:
+            raise KVTransferError(f"transfer of {self.ticket.request_id!r} is already over")
+        if len(block_indices) != len(src_block_ids):
+            raise ValueError("block_indices and src_block_ids differ in length")
+        n = len(self.ticket.block_ids)
+        bad = [i for i in block_indices if not 0 <= i < n or i in self.ticket.cached_blocks]
+        if bad:
+            raise ValueError(f"block indices {bad} are not expected by the reservation")
+        dst = [self.ticket.block_ids[i] for i in block_indices]
+        runs = segment_runs(src_block_ids, dst)
+        pool = self._sender.pool
+        payload = []
+        k = 0
+        for length in runs:
+            payload.append(pool.numpy_span(src_block_ids[k], length))
+            k += length
+        num_bytes = len(block_indices) * pool.bytes_per_block
+        frame = pb.KVFrame(
+            push=pb.KVPush(
+                request_id=self.ticket.request_id,
+                token=self.ticket.token,
+                block_indices=block_indices,
+                block_ids=dst,
+                payload_bytes=num_bytes,
+                segment_blocks=runs,
+                is_last=is_last,
+                first_token_id=first_token_id,
+                first_token_logprob=first_token_logprob,
+            )
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._pending.add(task)
+        try:
+            await self._call(frame, payload)
+        except BaseException:
+            self._done()
+            raise
+        finally:
+            self._pending.discard(task)
+        self._sent.update(block_indices)
+        self._bytes += num_bytes
+        self._sender.metrics.record_blocks(len(block_indices), num_bytes)
+
+    async def _call(self, frame: pb.KVFrame, payload: list[Any]) -> None:
+        try:
+            channel = await self._sender._channel(self.ticket, self._timeout_s)
+            reply = await channel.call(frame, payload, self._timeout_s)
+        except KVTransferError as e:
+            self._sender.metrics.record_failure(type(e).__name__)
+            raise
+        status = reply.ack.status
+        if status == pb.KV_STATUS_OK:
+            return
+        self._sender.metrics.record_failure(status_name(status))
+        if status == pb.KV_STATUS_INCOMPLETE:
+            raise TransferIncompleteError(f"{self.ticket.request_id}: {reply.ack.error}")
+        raise TransferRefusedError(status_name(status), reply.ack.error)
+
+    def _done(self) -> None:
+        if not self.is_done:
+            self.is_done = True
+            self._sender._active.discard(self)
+
+
+class KVSender:
+    """The prefill worker's side of every transfer; owns one channel per decode endpoint."""
+
+    def __init__(
+        self,
+        spec: KVCacheSpec,
+        pool: Any,
+        metrics: TransferMetrics | None = None,
+        timeout_s: float | None = None,
+        connectors: Sequence[Connector] | None = None,
+    ) -> None:
+        """``pool``: this worker's KV pool (see kv_transfer.pool). ``timeout_s``: deadline of
+        each wait; defaults to the ticket's lease (decode frees the blocks after it anyway).
+        ``connectors``: the transports to use by scheme; default: every available one."""
+        from kv_transfer.factory import default_connectors
+
+        self.spec = spec
+        self.pool = PoolBuffer(spec, pool)
+        self.metrics = metrics or TransferMetrics()
+        self._timeout_s = timeout_s
+        self._compatibility = compatibility_of(spec)
+        self._connectors = {c.scheme: c for c in (connectors or default_connectors())}
+        self._channels: dict[str, Channel] = {}
+        self._connecting: dict[str, asyncio.Future[Channel]] = {}
+        self._active: set[OutgoingTransfer] = set()
+
+    async def open(self, ticket: ReservationTicket) -> OutgoingTransfer:
+        """Start the transfer described by ``ticket`` (connecting and handshaking with its
+        endpoint if no channel is open). Raises ``IncompatiblePeerError`` on a mismatch."""
+        timeout = self._timeout_s if self._timeout_s is not None else ticket.lease_s
+        await self._channel(ticket, timeout)
+        transfer = OutgoingTransfer(self, ticket, timeout)
+        self._active.add(transfer)
+        return transfer
+
+    @property
+    def num_active_transfers(self) -> int:
+        """Transfers neither finished nor aborted (their source blocks are still in use)."""
+        return len(self._active)
+
+    async def close(self) -> None:
+        for transfer in list(self._active):
+            await transfer.abort("sender closing")
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+    async def _channel(self, ticket: ReservationTicket, timeout: float) -> Channel:
+        endpoint = ticket.endpoint
+        channel = self._channels.get(endpoint)
+        if channel is not None and not channel.is_closed:
+            return channel
+        pending = self._connecting.get(endpoint)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        scheme = endpoint.split("://", 1)[0]
+        connector = self._connectors.get(scheme)
+        if connector is None:
+            raise KVTransferError(
+                f"no transport for {endpoint!r} (have {sorted(self._connectors)})"
+            )
+        hello = pb.KVHello(compatibility=self._compatibility, sender_id=_sender_id())
+        future: asyncio.Future[Channel] = asyncio.get_running_loop().create_future()
+        self._connecting[endpoint] = future
+        try:
+            channel = await connector.connect(endpoint, hello, timeout)
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # mark retrieved
+            if isinstance(e, OSError):
+                raise PeerLostError(f"cannot connect to {endpoint}: {e}") from e
+            if isinstance(e, TimeoutError) and not isinstance(e, KVTransferError):
+                raise TransferTimeoutError(f"handshake with {endpoint} timed out") from e
+            raise
+        finally:
+            del self._connecting[endpoint]
+        future.set_result(channel)
+        self._channels[endpoint] = channel
+        return channel
+
+
+def _sender_id() -> int:
+    # Names this connection's tag space on UCX (high 32 bits of every payload/ack tag).
+    return int.from_bytes(os.urandom(4), "little") | 1

@@ -1,0 +1,290 @@
+"""TCP transport: always available. Plain asyncio sockets, no streams.
+
+Bytes go ``sock_sendall(memoryview of the source pool)`` -> ``sock_recv_into(memoryview of the
+destination pool)``: no intermediate buffer, no StreamReader (measured 5x slower here). One
+connection per (sender, receiver) pair carries every request's frames; a frame is written
+whole under a lock, so concurrent requests interleave frame by frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kv_transfer.errors import IncompatiblePeerError, PeerLostError, TransferTimeoutError
+from kv_transfer.receiver import PushPlan, ReceiverBase
+from kv_transfer.wire import HEADER_PREFIX, MAX_HEADER_BYTES, encode_frame
+from protos.pdserve.v1 import kv_transfer_pb2 as pb
+
+_DRAIN_CHUNK = 1 << 20
+_SOCKET_BUFFER = 4 << 20
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
+
+
+async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: Any) -> None:
+    view = memoryview(view).cast("B")
+    got = 0
+    while got < len(view):
+        n = await loop.sock_recv_into(sock, view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        got += n
+
+
+async def _read_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> pb.KVFrame:
+    prefix = bytearray(HEADER_PREFIX.size)
+    await _recv_exactly(loop, sock, prefix)
+    (size,) = HEADER_PREFIX.unpack(prefix)
+    if size > MAX_HEADER_BYTES:
+        raise ConnectionError(f"frame header of {size} bytes exceeds {MAX_HEADER_BYTES}")
+    header = bytearray(size)
+    await _recv_exactly(loop, sock, header)
+    frame = pb.KVFrame()
+    frame.ParseFromString(bytes(header))
+    return frame
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"tcp://host:port"`` -> ``(host, port)``."""
+    if not endpoint.startswith("tcp://"):
+        raise ValueError(f"not a tcp endpoint: {endpoint!r}")
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class TcpReceiver(ReceiverBase):
+    """Decode side over TCP; listens on ``host:port`` (port 0: any free port)."""
+
+    scheme = "tcp"
+
+    def __init__(self, *args: Any, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._host = host
+        self._port = port
+        self._listener: socket.socket | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        self._connections: dict[int, socket.socket] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._peer_ids = itertools.count(1)
+
+    async def _start_transport(self) -> None:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self._host, self._port))
+        listener.listen(128)
+        listener.setblocking(False)
+        self._listener = listener
+        host, port = listener.getsockname()[:2]
+        self._endpoint = (
+            f"tcp://[{host}]:{port}" if family == socket.AF_INET6 else f"tcp://{host}:{port}"
+        )
+        self._accept_task = asyncio.create_task(self._accept())
+
+    async def _close_transport(self) -> None:
+        if self._accept_task is not None:
+            self._accept_task.cancel()
+            await asyncio.gather(self._accept_task, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+        for sock in self._connections.values():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _cut_peer(self, peer: object) -> None:
+        sock = self._connections.get(peer) if isinstance(peer, int) else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # the pending recv returns 0: write fails
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._listener is not None
+        while True:
+            sock, _ = await loop.sock_accept(self._listener)
+            _tune(sock)
+            peer = next(self._peer_ids)
+            self._connections[peer] = sock
+            task = asyncio.create_task(self._serve(sock, peer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, sock: socket.socket, peer: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            first = await _read_frame(loop, sock)
+            if first.WhichOneof("body") != "hello":
+                return
+            reply = self.core.hello(first.hello)
+            await loop.sock_sendall(
+                sock, encode_frame(pb.KVFrame(seq=first.seq, hello_reply=reply))
+            )
+            if reply.status != pb.KV_STATUS_OK:
+                return
+            while True:
+                frame = await _read_frame(loop, sock)
+                answer = await self._handle(loop, sock, frame, peer)
+                await loop.sock_sendall(sock, encode_frame(pb.KVFrame(seq=frame.seq, ack=answer)))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._connections.pop(peer, None)
+            self.core.table.peer_lost(peer)
+            sock.close()
+
+    async def _handle(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, frame: pb.KVFrame, peer: int
+    ) -> pb.KVAck:
+        kind = frame.WhichOneof("body")
+        if kind == "push":
+            plan = self.core.begin_push(frame.push, peer)
+            if not isinstance(plan, PushPlan):
+                await self._drain(loop, sock, frame.push.payload_bytes)
+                return plan
+            ok = False
+            try:
+                for span in plan.spans:
+                    await _recv_exactly(loop, sock, span)
+                ok = True
+            finally:
+                answer = self.core.end_push(plan, ok)
+            return answer
+        if kind == "renew":
+            return self.core.renew(frame.renew, peer)
+        if kind == "abort":
+            return self.core.abort(frame.abort)
+        raise ConnectionError(f"unexpected {kind} frame")
+
+    @staticmethod
+    async def _drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, num_bytes: int) -> None:
+        scratch = memoryview(bytearray(min(num_bytes, _DRAIN_CHUNK)))
+        while num_bytes:
+            n = min(num_bytes, len(scratch))
+            await _recv_exactly(loop, sock, scratch[:n])
+            num_bytes -= n
+
+
+class TcpChannel:
+    """A sender's connection to one TCP receiver."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._write_lock = asyncio.Lock()
+        self._seq = itertools.count(1)
+        self._replies: dict[int, asyncio.Future[pb.KVFrame]] = {}
+        self._error: Exception | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def is_closed(self) -> bool:
+        return self._error is not None
+
+    async def handshake(self, hello: pb.KVHello, timeout: float) -> None:
+        seq = next(self._seq)
+        await asyncio.wait_for(
+            self._loop.sock_sendall(self._sock, encode_frame(pb.KVFrame(seq=seq, hello=hello))),
+            timeout,
+        )
+        reply = await asyncio.wait_for(_read_frame(self._loop, self._sock), timeout)
+        if reply.WhichOneof("body") != "hello_reply":
+            raise PeerLostError(f"expected a hello reply, got {reply.WhichOneof('body')}")
+        if reply.hello_reply.status != pb.KV_STATUS_OK:
+            raise IncompatiblePeerError(reply.hello_reply.error)
+        self._reader = asyncio.create_task(self._read_replies())
+
+    async def call(
+        self, frame: pb.KVFrame, payload: Sequence[np.ndarray], timeout: float
+    ) -> pb.KVFrame:
+        if self._error is not None:
+            raise PeerLostError(str(self._error))
+        seq = next(self._seq)
+        frame.seq = seq
+        reply: asyncio.Future[pb.KVFrame] = self._loop.create_future()
+        self._replies[seq] = reply
+        deadline = self._loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                async with self._write_lock:
+                    await self._write(frame, payload)
+                return await reply
+        except TimeoutError as e:
+            raise TransferTimeoutError(f"no reply within {timeout:.1f}s") from e
+        finally:
+            self._replies.pop(seq, None)
+
+    async def _write(self, frame: pb.KVFrame, payload: Sequence[np.ndarray]) -> None:
+        # A frame cut in half (error, timeout, cancellation) desynchronizes the stream: the
+        # connection is then finished, and every call waiting on it fails with PeerLostError.
+        try:
+            await self._loop.sock_sendall(self._sock, encode_frame(frame))
+            for span in payload:
+                await self._loop.sock_sendall(self._sock, span.data.cast("B"))
+        except OSError as e:
+            self._fail(e)
+            raise PeerLostError(f"send failed: {e}") from e
+        except BaseException:
+            self._fail(PeerLostError("send interrupted"))
+            raise
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                frame = await _read_frame(self._loop, self._sock)
+                future = self._replies.get(frame.seq)
+                if future is not None and not future.done():
+                    future.set_result(frame)
+        except (ConnectionError, OSError) as e:
+            self._fail(e)
+        except asyncio.CancelledError:
+            self._fail(PeerLostError("channel closed"))
+
+    def _fail(self, error: Exception) -> None:
+        if self._error is None:
+            self._error = error
+        for future in self._replies.values():
+            if not future.done():
+                future.set_exception(PeerLostError(f"connection lost: {error}"))
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    async def close(self) -> None:
+        self._fail(PeerLostError("channel closed"))
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._sock.close()
+
+
+class TcpConnector:
+    scheme = "tcp"
+
+    async def connect(self, endpoint: str, hello: pb.KVHello, timeout: float) -> TcpChannel:
+        host, port = parse_endpoint(endpoint)
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        _tune(sock)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
+            channel = TcpChannel(sock)
+            await channel.handshake(hello, timeout)
+        except BaseException:
+            sock.close()
+            raise
+        return channel
