@@ -36,6 +36,9 @@ class AttentionMetadata:
     # Host-side copies (plain ints) so backends can plan without a device sync.
     query_lens_cpu: tuple[int, ...]
     seq_lens_cpu: tuple[int, ...]
+    # Sliding-window attention (Mistral): a query at position p sees keys in (p - window, p].
+    # None = full causal attention. Set per layer via dataclasses.replace.
+    sliding_window: int | None = None
 
     @property
     def is_pure_decode(self) -> bool:

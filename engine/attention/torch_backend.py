@@ -1,0 +1,126 @@
+"""Attention over the paged pool with plain torch ops (the CPU path, and the reference).
+
+Per step, ``prepare`` turns the metadata into a plan once (block ids per request, the store
+indices, the masks); per layer, ``forward`` writes the new K/V rows into the pool with one
+``index_put_`` and runs one fused SDPA per request over that request's gathered blocks.
+The per-request loop is over requests, not tokens, and does no host/device synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.backend import AttentionMetadata
+
+
+@dataclass
+class _SeqPlan:
+    q_start: int
+    q_end: int
+    q_len: int
+    seq_len: int
+    block_ids: torch.Tensor  # [num_blocks_of_this_request]
+
+
+_Masks = list[tuple[torch.Tensor | None, bool]]  # per request: (bool mask [q, k], is_causal)
+
+
+class TorchAttentionBackend:
+    """Must be ``prepare``d once per step, before the first layer's ``forward``."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._plan: list[_SeqPlan] = []
+        self._masks: dict[int | None, _Masks] = {}
+        self._store_blocks = torch.empty(0, dtype=torch.long)
+        self._store_offsets = torch.empty(0, dtype=torch.long)
+        self._store_rows: torch.Tensor | None = None
+
+    def prepare(self, meta: AttentionMetadata, block_size: int) -> None:
+        self._masks = {}
+        slots = meta.slot_mapping
+        valid = slots >= 0
+        if bool(valid.all()):
+            self._store_rows = None
+            kept = slots
+        else:
+            self._store_rows = valid.nonzero().squeeze(1)
+            kept = slots[self._store_rows]
+        self._store_blocks = torch.div(kept, block_size, rounding_mode="floor")
+        self._store_offsets = kept % block_size
+
+        plan = []
+        starts = [0]
+        for n in meta.query_lens_cpu:
+            starts.append(starts[-1] + n)
+        block_tables = meta.block_tables.long()
+        lens = zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)
+        for i, (q_len, seq_len) in enumerate(lens):
+            num_blocks = -(-seq_len // block_size)
+            plan.append(
+                _SeqPlan(starts[i], starts[i + 1], q_len, seq_len, block_tables[i, :num_blocks])
+            )
+        self._plan = plan
+
+    def _masks_for(self, window: int | None, device: torch.device) -> _Masks:
+        masks = self._masks.get(window)
+        if masks is None:
+            masks = []
+            for p in self._plan:
+                mask = self._mask(p.q_len, p.seq_len, window, device)
+                masks.append((mask, mask is None and p.q_len > 1))
+            self._masks[window] = masks
+        return masks
+
+    @staticmethod
+    def _mask(q_len: int, seq_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+        ctx = seq_len - q_len
+        if window is None or seq_len <= window:
+            if q_len == 1 or ctx == 0:
+                return None  # decode: sees everything; fresh prompt: plain causal
+        q_pos = torch.arange(ctx, seq_len, device=device)[:, None]
+        k_pos = torch.arange(seq_len, device=device)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
+        return mask
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        masks = self._masks_for(meta.sliding_window, q.device)
+        if self._store_rows is None:
+            k_new, v_new = k, v
+        else:
+            k_new, v_new = k[self._store_rows], v[self._store_rows]
+        k_cache[self._store_blocks, self._store_offsets] = k_new
+        v_cache[self._store_blocks, self._store_offsets] = v_new
+
+        num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+        gqa = num_heads != num_kv_heads
+        out = torch.empty_like(q)
+        for p, (mask, is_causal) in zip(self._plan, masks, strict=True):
+            keys = k_cache[p.block_ids].view(-1, num_kv_heads, head_dim)[: p.seq_len]
+            values = v_cache[p.block_ids].view(-1, num_kv_heads, head_dim)[: p.seq_len]
+            o = F.scaled_dot_product_attention(
+                q[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0),
+                keys.transpose(0, 1).unsqueeze(0),
+                values.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=gqa,
+            )
+            out[p.q_start : p.q_end] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,77 @@
+"""The Triton attention backend: KV store, then paged attention, with the kernels in ``kernels/``.
+
+Per layer, ``forward`` makes two launches:
+
+1. ``store_kv`` writes the step's new K/V rows into the layer's cache through ``slot_mapping``;
+2. attention over the cache:
+   - a pure-decode step (one new token per request) runs ``paged_decode_attention``, split-KV
+     when there are too few (request, KV head) pairs to fill the GPU and contexts are long;
+   - any other step (prefill chunks, alone or mixed with decodes) runs the variable-length
+     ``paged_prefill_attention`` over the whole flat batch in one launch.
+
+It runs on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` is set before the first
+kernel launch (slow; for tests on tiny models).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.backend import AttentionMetadata
+from kernels.kv_store import store_kv
+from kernels.paged_decode_attention import default_num_splits, paged_decode_attention
+from kernels.paged_prefill_attention import paged_prefill_attention
+
+
+class TritonAttentionBackend:
+    """AttentionBackend on Triton kernels. Metadata tensors must be on the q/k/v device."""
+
+    name = "triton"
+
+    def __init__(self, num_sms: int | None = None) -> None:
+        # Split-KV heuristic input; read lazily from the device on the first decode step.
+        self._num_sms = num_sms
+        self._block_size: int | None = None
+
+    def prepare(self, meta: AttentionMetadata, block_size: int) -> None:
+        """Record the block size; every plan the kernels need is read from ``meta`` per layer."""
+        self._block_size = block_size
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (strided view)
+        v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (strided view)
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write ``k``/``v`` into the caches, return attention output ``[num_tokens, heads, dim]``.
+
+        Rows not covered by ``query_start_loc`` (padding past the last request) come back zero.
+        """
+        if self._block_size is not None:
+            assert k_cache.shape[1] == self._block_size, "cache block size differs from prepare()"
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.num_seqs == 0:
+            return torch.zeros_like(q)
+        if meta.is_pure_decode and meta.num_tokens == meta.num_seqs:
+            num_splits = default_num_splits(
+                meta.num_seqs, k_cache.shape[2], meta.max_seq_len, self._sm_count(q)
+            )
+            return paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits
+            )
+        return paged_prefill_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale
+        )
+
+    def _sm_count(self, q: torch.Tensor) -> int:
+        if self._num_sms is None:
+            if q.device.type == "cuda":
+                props = torch.cuda.get_device_properties(q.device)
+                self._num_sms = props.multi_processor_count
+            else:
+                self._num_sms = 132
+        return self._num_sms

@@ -1,0 +1,60 @@
+"""The memory behind the block ids: the device KV pool and the host (swap) pool.
+
+Both use the block-major layout of ``engine.kv_cache_spec`` so a swap moves whole blocks with
+one indexed copy each way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.kv_cache_spec import KVCacheSpec
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class KVCache:
+    def __init__(
+        self, spec: KVCacheSpec, num_blocks: int, num_host_blocks: int, device: torch.device
+    ) -> None:
+        self.spec = spec
+        dtype = _TORCH_DTYPES[spec.dtype]
+        self.device = device
+        self.pool = torch.empty(spec.pool_shape(num_blocks), dtype=dtype, device=device)
+        pin = device.type == "cuda"
+        self.host_pool = torch.empty(
+            spec.pool_shape(num_host_blocks), dtype=dtype, pin_memory=pin
+        )
+        self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (self.pool[:, layer, 0], self.pool[:, layer, 1]) for layer in range(spec.num_layers)
+        ]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.shape[0]
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host_pool.shape[0]
+
+    def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy ``(device block, host block)`` pairs device -> host."""
+        if not pairs:
+            return
+        dev = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=self.device)
+        host = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+        self.host_pool.index_copy_(0, host, self.pool.index_select(0, dev).to("cpu"))
+
+    def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy ``(host block, device block)`` pairs host -> device."""
+        if not pairs:
+            return
+        host = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+        dev = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=self.device)
+        self.pool.index_copy_(0, dev, self.host_pool.index_select(0, host).to(self.device))
+
+    @staticmethod
+    def blocks_for_bytes(spec: KVCacheSpec, num_bytes: int) -> int:
+        return max(0, num_bytes // spec.bytes_per_block)

@@ -1,0 +1,281 @@
+"""The engine loop the offline API and the services drive: add_request / abort_request / step.
+
+Not thread-safe: one thread owns an engine (the services run it in a dedicated loop thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.attention.selector import get_attention_backend
+from engine.block_manager import BlockManager
+from engine.demo_model import demo_model_path
+from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_config import EngineConfig
+from engine.kv_cache import KVCache
+from engine.kv_cache_spec import KVCacheSpec
+from engine.model_config import load_model_config
+from engine.model_loader import load_model
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.request import Request, RequestStatus
+from engine.sampler import SampledToken
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.scheduler_config import SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    prompt: str | None
+    detok: IncrementalDetokenizer | None
+    logprobs: list[SampledToken] | None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    sent_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.device = resolve_device(config.device)
+        model_path = config.model or str(demo_model_path())
+        self.model_config = load_model_config(model_path, config.dtype)
+        mc = self.model_config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
+                                 mc.max_position_embeddings)
+        self.tokenizer: Any = None
+        if not config.skip_tokenizer_init:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = load_model(mc, self.device)
+        self.kv_spec = KVCacheSpec(
+            num_layers=mc.num_layers,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            block_size=config.block_size,
+            dtype=mc.dtype_str,
+            model_id=model_path,
+        )
+        gb = 1 << 30
+        num_blocks = config.num_kv_blocks or KVCache.blocks_for_bytes(
+            self.kv_spec, int(config.kv_cache_memory_gb * gb)
+        )
+        num_host = (
+            config.num_host_blocks
+            if config.num_host_blocks is not None
+            else KVCache.blocks_for_bytes(self.kv_spec, int(config.swap_space_gb * gb))
+        )
+        if num_blocks < 1:
+            raise ValueError("the KV cache must hold at least one block")
+        self.kv_cache = KVCache(self.kv_spec, num_blocks, num_host, self.device)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, num_host, config.enable_prefix_caching
+        )
+        self.scheduler_config = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            policy=config.scheduling_policy,
+            preemption_mode=config.preemption_mode,
+            swap_threshold_tokens=config.swap_threshold_tokens,
+        )
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
+        self.backend = get_attention_backend(self.device, config.attention_backend)
+        self.runner = ModelRunner(mc, self.model, self.kv_cache, self.backend, self.device)
+        self._tracked: dict[str, _Tracked] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+        logger.info(
+            "engine ready: %s on %s, %d KV blocks (+%d host), backend %s",
+            mc.architecture, self.device, num_blocks, num_host, self.backend.name,
+        )
+
+    # ----------------------------------------------------------------- requests
+    @property
+    def eos_token_id(self) -> int | None:
+        ids = self.model_config.eos_token_ids
+        return ids[0] if ids else None
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init is set)")
+        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Validate and queue a request. Raises ValueError naming the problem; the engine's
+        state is unchanged on error."""
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("sampling_params must be a SamplingParams")
+        if request_id in self._tracked:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("prompt: give a prompt or prompt_token_ids")
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            ids = self.tokenize(prompt)
+        else:
+            ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.model_config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {t!r}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens; it must be shorter than max_model_len "
+                f"({self.max_model_len}) to leave room for output"
+            )
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if len(ids) >= capacity:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens; the KV cache holds at most {capacity - 1}"
+            )
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_id,
+            arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
+            priority=priority,
+            max_total_tokens=min(self.max_model_len, capacity),
+        )
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                ids,
+                params.skip_special_tokens,
+                params.stop,
+                params.include_stop_str_in_output,
+            )
+        elif params.stop:
+            raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
+        self.scheduler.add_request(request)
+        self._tracked[request_id] = _Tracked(
+            request, prompt, detok, [] if params.logprobs is not None else None
+        )
+        return request
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request and free its blocks. Idempotent; False if it was not running."""
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None:
+            return False
+        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.scheduler.num_unfinished
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return an output for every request that produced a token."""
+        sched_out = self.scheduler.schedule()
+        now = time.monotonic()
+        for s in sched_out.scheduled:
+            t = self._tracked.get(s.request_id)
+            if t is not None and t.first_scheduled_time is None:
+                t.first_scheduled_time = now
+        result = self.runner.execute(sched_out)
+        self.num_steps += 1
+        sampled = {rid: tok.token_id for rid, tok in result.sampled.items()}
+        updated = self.scheduler.update_from_output(sched_out, sampled)
+        outputs = []
+        now = time.monotonic()
+        for request in updated:
+            tracked = self._tracked.get(request.request_id)
+            if tracked is None:
+                continue
+            outputs.append(self._make_output(tracked, result.sampled[request.request_id], now))
+        return outputs
+
+    def _make_output(self, t: _Tracked, token: SampledToken, now: float) -> RequestOutput:
+        request = t.request
+        if t.first_token_time is None:
+            t.first_token_time = now
+        if t.logprobs is not None:
+            t.logprobs.append(token)
+        new_ids = request.output_token_ids[t.sent_tokens :]
+        t.sent_tokens = request.num_output_tokens
+        finished = request.is_finished
+        if t.detok is not None:
+            t.detok.update(new_ids)
+            if t.detok.stop_string is not None and not finished:
+                self.scheduler.finish_request(
+                    request.request_id, RequestStatus.FINISHED_STOPPED, t.detok.stop_string
+                )
+                finished = True
+            if finished:
+                t.detok.flush()
+            new_text = t.detok.take_new_text(finished)
+            text = t.detok.emitted_text
+        else:
+            new_text, text = "", ""
+        if finished:
+            self._tracked.pop(request.request_id, None)
+        metrics = RequestMetrics(
+            arrival_time=request.arrival_time,
+            first_scheduled_time=t.first_scheduled_time,
+            first_token_time=t.first_token_time,
+            finished_time=now if finished else None,
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids,
+            text=text,
+            new_token_ids=list(new_ids),
+            new_text=new_text,
+            finished=finished,
+            finish_reason=request.status.value if finished else None,
+            stop_reason=request.stop_reason,
+            logprobs=list(t.logprobs) if t.logprobs is not None else None,
+            new_logprobs=[token] if t.logprobs is not None else None,
+            num_cached_tokens=request.num_cached_tokens,
+            prompt=t.prompt,
+            metrics=metrics,
+        )

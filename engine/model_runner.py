@@ -1,0 +1,118 @@
+"""Executes one ``SchedulerOutput``: swaps, builds the flat batch, runs the model, samples.
+
+The runner alone owns the device: the model weights, the KV pool and the sampler's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.kv_cache import KVCache
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.sampler import SampledToken, Sampler, SamplingRow
+from engine.scheduler_output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepResult:
+    sampled: dict[str, SampledToken]  # request id -> the token it sampled this step
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        backend: AttentionBackend,
+        device: torch.device,
+    ) -> None:
+        self.model_config = model_config
+        self.model = model
+        self.kv_cache = kv_cache
+        self.backend = backend
+        self.device = device
+        self.block_size = kv_cache.spec.block_size
+        self.sampler = Sampler(model_config.eos_token_ids)
+        self._windows = model_config.sliding_windows or (None,) * model_config.num_layers
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        self.sampler.forget(output.finished_request_ids)
+        self.kv_cache.swap_out(output.blocks_to_swap_out)
+        self.kv_cache.swap_in(output.blocks_to_swap_in)
+        if not output.scheduled:
+            return StepResult({})
+        input_ids, positions, meta, logits_rows = self._prepare_inputs(output)
+        self.backend.prepare(meta, self.block_size)
+        metas = [
+            meta if w is None else dataclasses.replace(meta, sliding_window=w)
+            for w in self._windows
+        ]
+        hidden = self.model(input_ids, positions, self.kv_cache.layer_caches, metas, self.backend)
+        if not logits_rows:
+            return StepResult({})
+        rows_idx = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows_idx))
+        sampling_rows = [
+            SamplingRow(s.request_id, s.sampling_params, s.num_output_tokens)
+            for s in output.scheduled
+            if s.sample
+        ]
+        tokens = self.sampler.sample(logits, sampling_rows)
+        return StepResult({r.request_id: t for r, t in zip(sampling_rows, tokens, strict=True)})
+
+    def _prepare_inputs(
+        self, output: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        logits_rows: list[int] = []
+        max_blocks = max(len(s.block_table) for s in output.scheduled)
+        tables: list[list[int]] = []
+        for s in output.scheduled:
+            start, n = s.num_computed_tokens, s.num_scheduled_tokens
+            input_ids.extend(s.token_ids)
+            pos = range(start, start + n)
+            positions.extend(pos)
+            table = s.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            if s.sample:
+                logits_rows.append(len(input_ids) - 1)
+            tables.append(list(table) + [0] * (max_blocks - len(table)))
+        dev = self.device
+
+        def i32(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int32, device=dev)
+
+        qsl = [0]
+        for n in query_lens:
+            qsl.append(qsl[-1] + n)
+        meta = AttentionMetadata(
+            num_tokens=len(input_ids),
+            num_seqs=len(query_lens),
+            query_start_loc=i32(qsl),
+            query_lens=i32(query_lens),
+            context_lens=i32([s - q for s, q in zip(seq_lens, query_lens, strict=True)]),
+            seq_lens=i32(seq_lens),
+            block_tables=i32([x for t in tables for x in t]).view(len(tables), max_blocks),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=tuple(query_lens),
+            seq_lens_cpu=tuple(seq_lens),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
+        return ids, pos_t, meta, logits_rows

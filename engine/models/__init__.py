@@ -1,0 +1,1 @@
+"""Model implementations over the flat, paged batch (no Hugging Face modeling code)."""

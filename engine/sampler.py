@@ -1,0 +1,132 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens,
+and top-n logprobs — tensor ops over the batch, a Python loop only over seeded rows' noise."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None  # log-probability of token_id under the model (raw logits)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the n most likely (token id, logprob)
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """What the sampler needs to know about one row of logits."""
+
+    request_id: str
+    params: SamplingParams
+    num_output_tokens: int
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_ids: Sequence[str]) -> None:
+        """Drop per-request state (seeded generators) of requests that left the engine."""
+        for rid in request_ids:
+            self._generators.pop(rid, None)
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
+        """``logits``: ``[len(rows), vocab]`` float32. Returns one token per row."""
+        assert logits.shape[0] == len(rows), (logits.shape, len(rows))
+        if not rows:
+            return []
+        raw = logits
+        logits = self._apply_min_tokens(logits, rows)
+        all_greedy = all(r.params.is_greedy for r in rows)
+        if all_greedy:
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = self._sample_random(logits, rows)
+        return self._with_logprobs(raw, token_ids, rows)
+
+    # ------------------------------------------------------------------ private
+    def _apply_min_tokens(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        banned: list[tuple[int, int]] = []
+        for i, r in enumerate(rows):
+            if r.num_output_tokens < r.params.min_tokens:
+                stops = set(r.params.stop_token_ids)
+                if not r.params.ignore_eos:
+                    stops.update(self.eos_token_ids)
+                banned.extend((i, t) for t in stops if t < logits.shape[1])
+        if not banned:
+            return logits
+        logits = logits.clone()
+        idx = torch.tensor(banned, dtype=torch.long, device=logits.device)
+        logits[idx[:, 0], idx[:, 1]] = float("-inf")
+        return logits
+
+    def _sample_random(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        device = logits.device
+        greedy = torch.tensor([r.params.is_greedy for r in rows], device=device)
+        temps = torch.tensor(
+            [1.0 if r.params.is_greedy else r.params.temperature for r in rows],
+            dtype=logits.dtype,
+            device=device,
+        )
+        scaled = logits / temps[:, None]
+        vocab = logits.shape[1]
+        top_k = [r.params.top_k if 0 < r.params.top_k < vocab else 0 for r in rows]
+        top_p = [r.params.top_p for r in rows]
+        if any(top_k) or any(p < 1.0 for p in top_p):
+            scaled = _apply_top_k_top_p(scaled, top_k, top_p)
+        probs = scaled.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_()
+        for i, r in enumerate(rows):
+            if r.params.seed is not None and not r.params.is_greedy:
+                gen = self._generators.get(r.request_id)
+                if gen is None:
+                    gen = torch.Generator(device=device).manual_seed(r.params.seed)
+                    self._generators[r.request_id] = gen
+                noise[i].exponential_(generator=gen)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    def _with_logprobs(
+        self, raw: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
+    ) -> list[SampledToken]:
+        ids = token_ids.tolist()
+        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        if not want:
+            return [SampledToken(t) for t in ids]
+        sel = torch.tensor(want, device=raw.device)
+        logprobs = raw[sel].log_softmax(dim=-1)
+        chosen = logprobs.gather(1, token_ids[sel].unsqueeze(1)).squeeze(1).tolist()
+        max_n = max(rows[i].params.logprobs or 0 for i in want)
+        top_vals, top_ids = (
+            logprobs.topk(max_n, dim=-1) if max_n else (logprobs[:, :0], logprobs[:, :0].long())
+        )
+        top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
+        out = [SampledToken(t) for t in ids]
+        for j, i in enumerate(want):
+            n = rows[i].params.logprobs or 0
+            top = tuple(zip(top_ids_l[j][:n], top_vals_l[j][:n], strict=True))
+            out[i] = SampledToken(ids[i], chosen[j], top)
+        return out
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (top-p); always keep the best token."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[1]
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=logits.device)[:, None]
+    remove = ranks >= k
+    p = torch.tensor(top_p, dtype=logits.dtype, device=logits.device)[:, None]
+    probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+    cumulative = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+    remove |= cumulative > p
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -1,0 +1,44 @@
+"""Scheduler knobs (see the seeds: token budget, prefill budget, concurrency, length limits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+QueuePolicyName = Literal["fcfs", "priority"]
+PreemptionModeName = Literal["swap", "recompute", "auto"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 128
+    """Most requests in the running batch at once."""
+    max_num_batched_tokens: int = 2048
+    """Per-step token budget: decode tokens plus prefill chunk tokens."""
+    max_model_len: int = 2048
+    """Longest prompt + output a request may reach."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts across steps; off = a prompt is admitted only if it fits the budget."""
+    long_prefill_token_threshold: int = 0
+    """Cap on one request's prefill chunk per step (0 = only the budget caps it)."""
+    policy: QueuePolicyName = "fcfs"
+    preemption_mode: PreemptionModeName = "auto"
+    """swap: copy blocks to host memory; recompute: drop and re-prefill; auto: swap contexts of
+    at least ``swap_threshold_tokens`` tokens when host blocks are free, recompute the rest."""
+    swap_threshold_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.preemption_mode not in ("swap", "recompute", "auto"):
+            raise ValueError(
+                f"preemption_mode must be 'swap', 'recompute' or 'auto', got {self.preemption_mode!r}"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_model_len when chunked prefill is off "
+                f"({self.max_num_batched_tokens} < {self.max_model_len})"
+            )
