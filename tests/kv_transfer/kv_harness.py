@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,42 +205,42 @@ class LocalDecode:
         return await self.worker.handle(command, *args)
 
 
-def _prefill_main(conn: Any, ticket_bytes: bytes) -> None:
-    """A prefill worker that pushes the first block, reports, then waits to be killed."""
+def _prefill_main(conn: Any) -> None:
+    """A prefill worker: once ready, takes a ticket, pushes block 0, reports, waits to be killed."""
     from kv_transfer import KVSender, ReservationTicket
 
     async def main() -> None:
         pool = np.random.default_rng(1).standard_normal(SPEC.pool_shape(8)).astype(np.float32)
         sender = KVSender(SPEC, pool)
-        message = pb.KVReservation()
-        message.ParseFromString(ticket_bytes)
-        ticket = ReservationTicket.from_proto(message)
+        conn.send("ready")
+        loop = asyncio.get_running_loop()
+        ticket_bytes = await loop.run_in_executor(None, conn.recv)
+        ticket = ReservationTicket.from_proto(pb.KVReservation.FromString(ticket_bytes))
         transfer = await sender.open(ticket)
         await transfer.push([0], [0])
         conn.send("pushed")
-        await asyncio.sleep(3600)  # killed by the test long before
+        await loop.run_in_executor(None, conn.recv)  # killed by the test long before
 
     asyncio.run(main())
 
 
-def start_prefill_child(ticket_bytes: bytes) -> mp.process.BaseProcess:
-    """Start a prefill process that has pushed block 0 of ``ticket`` once this returns."""
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    process = ctx.Process(target=_prefill_main, args=(child, ticket_bytes))
-    process.start()
-    if not conn.poll(RPC_TIMEOUT_S):
-        process.kill()
-        raise TimeoutError("prefill worker did not push")
-    assert conn.recv() == "pushed"
-    return process
+class ChildPrefill:
+    """A prefill process, started (and its imports done) before the reservation is made, so a
+    short lease is not spent on process start-up."""
 
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_prefill_main, args=(child,))
+        self.process.start()
+        self._expect("ready")
 
-async def wait_until(predicate: Any, timeout: float, what: str) -> float:
-    """Poll an async predicate until true; returns the seconds it took. Fails at the deadline."""
-    start = time.monotonic()
-    while not await predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
+    def push_first_block(self, ticket_bytes: bytes) -> None:
+        self._conn.send(ticket_bytes)
+        self._expect("pushed")
+
+    def _expect(self, message: str) -> None:
+        if not self._conn.poll(RPC_TIMEOUT_S):
+            self.process.kill()
+            raise TimeoutError(f"prefill worker: no {message!r}")
+        assert self._conn.recv() == message

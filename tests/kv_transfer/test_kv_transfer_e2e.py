@@ -19,9 +19,9 @@ from kv_harness import (
     SENTINEL,
     SPEC,
     ChildDecode,
+    ChildPrefill,
     DecodeWorker,
     LocalDecode,
-    start_prefill_child,
 )
 
 from engine.block_hash import hash_block_tokens
@@ -293,9 +293,10 @@ def test_killed_prefill_is_detected_within_the_lease(transport, aio):
     try:
 
         async def scenario() -> None:
+            prefill = await asyncio.to_thread(ChildPrefill)
             data = await decode.call("reserve", "killed-p", 4, {}, None)
-            prefill = await asyncio.to_thread(start_prefill_child, data)
-            prefill.kill()
+            await asyncio.to_thread(prefill.push_first_block, data)
+            prefill.process.kill()
             start = time.monotonic()
             outcome = await decode.call("wait", "killed-p", 3 * lease_s)
             elapsed = time.monotonic() - start
@@ -303,7 +304,7 @@ def test_killed_prefill_is_detected_within_the_lease(transport, aio):
             assert outcome[0] in ("peer_lost", "expired"), outcome
             assert elapsed < lease_s + 1.0, elapsed
             await assert_all_free(decode)
-            await asyncio.to_thread(prefill.join, 10)
+            await asyncio.to_thread(prefill.process.join, 10)
 
         aio.run(scenario())
     finally:
@@ -318,12 +319,13 @@ def test_killed_prefill_is_detected_within_the_lease(transport, aio):
     ],
 )
 def test_killed_decode_is_detected_within_the_lease(transport, src_pool, aio):
-    lease_s = 1.5
+    lease_s = 30.0
+    timeout_s = 1.5  # the sender's deadline per wait (by default the ticket's lease)
     decode = ChildDecode(transport, lease_s)
     try:
 
         async def scenario() -> None:
-            sender = KVSender(SPEC, src_pool)
+            sender = KVSender(SPEC, src_pool, timeout_s=timeout_s)
             ticket = await reserve(decode, "killed-d", 4)
             transfer = await sender.open(ticket)
             await transfer.push([0], [0])
@@ -332,7 +334,7 @@ def test_killed_decode_is_detected_within_the_lease(transport, src_pool, aio):
             start = time.monotonic()
             with pytest.raises((PeerLostError, TransferTimeoutError)):
                 await transfer.push([1], [1])
-            assert time.monotonic() - start < lease_s + 1.0
+            assert time.monotonic() - start < timeout_s + 1.0
             assert sender.num_active_transfers == 0
             assert sender.metrics.snapshot().num_failures >= 1
             await sender.close()
