@@ -193,7 +193,8 @@ def _random_weights(arch: str, c: dict[str, Any], seed: int) -> dict[str, torch.
     nq, nkv, inter = c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:
-        return torch.randn(out_f, in_f, generator=g) * (1.0 / in_f**0.5)
+        # Gain 2: a random model that produces varied text instead of one repeated token.
+        return torch.randn(out_f, in_f, generator=g) * (2.0 / in_f**0.5)
 
     def norm(n: int) -> torch.Tensor:
         return 1.0 + 0.1 * torch.randn(n, generator=g)

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny random Hugging Face model folders, built once per test process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.demo_model import train_tokenizer
+
+    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path):
+    """``model_factory(name, **shape)`` -> folder; cached per name for the session."""
+    from engine.demo_model import make_random_model
+
+    made: dict[str, Path] = {}
+
+    def make(name: str, **kwargs: object) -> Path:
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            made[name] = make_random_model(folder, tokenizer_folder=tokenizer_dir, **kwargs)  # type: ignore[arg-type]
+        return made[name]
+
+    return make
+
+
+TINY_ARCHS = {
+    "llama": dict(architecture="llama"),
+    "qwen2": dict(architecture="qwen2", tie_word_embeddings=False),
+    "qwen3": dict(architecture="qwen3", num_heads=4, num_kv_heads=1, head_dim=32),
+    "mistral": dict(architecture="mistral", sliding_window=24, tie_word_embeddings=False),
+}
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
+def tiny_model(request: pytest.FixtureRequest, model_factory) -> Path:
+    return model_factory(request.param, **TINY_ARCHS[request.param])
