@@ -1,67 +1,34 @@
-"""``lazy_jit``: a ``triton.jit`` that decides between compiling and interpreting at first launch.
-
-Triton reads ``TRITON_INTERPRET`` inside ``triton.jit`` itself (``knobs.runtime.interpret``, an
-environment read on every access in triton 3.9), so a kernel decorated at import time is fixed
-to whatever the variable said when its module was first imported. A test directory's conftest
-cannot guarantee it runs before some other module imports ``kernels`` (pytest collects folders
-in order, xdist workers each collect on their own). Deferring the decoration to the first launch
-makes the variable count when a kernel first *runs*, which is always after every conftest has
-been loaded. One compiled/interpreted object is kept per mode, so flipping the variable later
-also works.
-
-Kernels decorated with ``lazy_jit`` must not call other ``@triton.jit`` helpers (a helper would
-be fixed at import time); each kernel here is self-contained.
-"""
+"""Helpers shared by the kernel wrappers: device checks and tile-size arithmetic."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from typing import Any
+import torch
 
 
-def interpret_enabled() -> bool:
-    """True when Triton kernels run in the interpreter (``TRITON_INTERPRET`` is true)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+def interpreter_active() -> bool:
+    """True when Triton runs kernels in its interpreter in this process.
+
+    Triton 3.9 reads ``TRITON_INTERPRET`` in ``triton.jit``; its own ``@jit`` standard library
+    (``tl.zeros``, ``tl.sum``, ``tl.cdiv``, ...) is decorated when ``triton`` is first imported,
+    so the interpreter works only if the variable was set before that import. Checked here by
+    looking for compiled-mode ``JITFunction`` objects in ``triton.language.standard``.
+    """
+    import triton.language.standard as standard
+    from triton.runtime.jit import JITFunction
+
+    return not any(isinstance(value, JITFunction) for value in vars(standard).values())
 
 
-class LazyKernel:
-    """Wraps a kernel function; ``kernel[grid](...)`` launches it like a ``triton.jit`` object."""
-
-    def __init__(self, fn: Callable[..., None]) -> None:
-        self.fn = fn
-        self._by_mode: dict[bool, Any] = {}
-
-    def get(self) -> Any:
-        """The ``triton.jit`` object for the current mode (decorated on first use)."""
-        mode = interpret_enabled()
-        kernel = self._by_mode.get(mode)
-        if kernel is None:
-            import triton
-
-            kernel = triton.jit(self.fn)
-            self._by_mode[mode] = kernel
-        return kernel
-
-    def __getitem__(self, grid: Any) -> Any:
-        return self.get()[grid]
-
-
-def lazy_jit(fn: Callable[..., None]) -> LazyKernel:
-    """Decorator: like ``@triton.jit`` but decorated at first launch (see module docstring)."""
-    return LazyKernel(fn)
-
-
-def check_device(*tensors: Any) -> None:
-    """Raise a clear error for a launch on non-CUDA tensors outside the interpreter."""
-    if interpret_enabled():
-        return
-    for t in tensors:
-        if t.device.type != "cuda":
-            raise RuntimeError(
-                f"Triton kernels need CUDA tensors (got a tensor on {t.device}); to run them on "
-                "CPU set TRITON_INTERPRET=1 before the first kernel launch"
-            )
+def check_device(*tensors: torch.Tensor) -> None:
+    """All tensors of a launch share one device: CUDA, or CPU with the interpreter active."""
+    device = tensors[0].device
+    for t in tensors[1:]:
+        assert t.device == device, f"tensors on {device} and {t.device} in one kernel launch"
+    if device.type != "cuda" and not interpreter_active():
+        raise RuntimeError(
+            f"Triton kernels need CUDA tensors (got {device}); to run them on CPU set "
+            "TRITON_INTERPRET=1 before triton is first imported in the process"
+        )
 
 
 def next_power_of_2(n: int) -> int:

@@ -16,12 +16,13 @@ in): one gather on the source side, one transfer, one scatter on the destination
 from collections.abc import Sequence
 
 import torch
+import triton
 import triton.language as tl
 
-from kernels._jit import check_device, lazy_jit
+from kernels._common import check_device
 
 
-@lazy_jit
+@triton.jit
 def _copy_blocks_kernel(  # type: ignore[no-untyped-def]
     src_ptr,  # [num_src_blocks, elements_per_block], row stride stride_src_blk
     dst_ptr,  # [num_dst_blocks, elements_per_block], row stride stride_dst_blk

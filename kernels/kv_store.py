@@ -10,12 +10,13 @@ pool (``kv_pool[:, layer, 0]``), so every stride is passed in; only the head_dim
 # No `from __future__ import annotations`: Triton reads `tl.constexpr` annotations as objects.
 
 import torch
+import triton
 import triton.language as tl
 
-from kernels._jit import check_device, lazy_jit, next_power_of_2
+from kernels._common import check_device, next_power_of_2
 
 
-@lazy_jit
+@triton.jit
 def _store_kv_kernel(  # type: ignore[no-untyped-def]
     k_ptr,  # [num_tokens, num_kv_heads, head_dim]
     v_ptr,  # [num_tokens, num_kv_heads, head_dim]

@@ -20,14 +20,15 @@ With ``num_splits == 1`` the first kernel writes the final output directly.
 # No `from __future__ import annotations`: Triton reads `tl.constexpr` annotations as objects.
 
 import torch
+import triton
 import triton.language as tl
 
-from kernels._jit import check_device, lazy_jit, next_power_of_2
+from kernels._common import check_device, next_power_of_2
 
 _LOG2E = 1.4426950408889634
 
 
-@lazy_jit
+@triton.jit
 def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     out_ptr,  # [num_seqs, num_heads, head_dim]                         (NUM_SPLITS == 1)
     partial_out_ptr,  # [num_seqs, num_heads, NUM_SPLITS, head_dim] fp32  (NUM_SPLITS > 1)
@@ -135,7 +136,7 @@ def _paged_decode_kernel(  # type: ignore[no-untyped-def]
         tl.store(partial_lse_ptr + row, lse, mask=g_mask)
 
 
-@lazy_jit
+@triton.jit
 def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     out_ptr,  # [num_seqs, num_heads, head_dim]
     partial_out_ptr,  # [num_seqs, num_heads, NUM_SPLITS, head_dim] fp32, contiguous

@@ -19,14 +19,15 @@ tile is past the request's end; ``num_tokens // BLOCK_Q + num_seqs`` programs co
 # No `from __future__ import annotations`: Triton reads `tl.constexpr` annotations as objects.
 
 import torch
+import triton
 import triton.language as tl
 
-from kernels._jit import check_device, lazy_jit, next_power_of_2
+from kernels._common import check_device, next_power_of_2
 
 _LOG2E = 1.4426950408889634
 
 
-@lazy_jit
+@triton.jit
 def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
     out_ptr,  # [num_tokens, num_heads, head_dim]
     q_ptr,  # [num_tokens, num_heads, head_dim]

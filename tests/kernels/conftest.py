@@ -1,35 +1,45 @@
-"""Kernel tests: Triton's interpreter on CPU tensors (or a GPU when asked for explicitly).
+"""Kernel tests: Triton's interpreter on CPU tensors (compiled on a GPU when asked explicitly).
 
-triton 3.9 reads ``TRITON_INTERPRET`` (``triton.knobs.runtime.interpret``, an environment read on
-each access) inside ``triton.jit``. The kernels in ``kernels/`` are decorated at their first
-launch, not at import (``kernels/_jit.py``), so setting the variable here is enough in every
-case: this module is imported during collection, before any test runs in this process; every
-pytest-xdist worker imports it itself; and it does not matter whether some other test module
-imported ``kernels`` or ``triton`` first. It is set before ``triton`` or ``torch`` is imported
-from here, so a launch from a kernel decorated with plain ``@triton.jit`` would be covered as
-well when this conftest loads first.
+How triton 3.9 reads ``TRITON_INTERPRET``: ``triton.jit`` checks ``knobs.runtime.interpret`` (an
+environment read on each access) when it decorates a function, and triton's own ``@jit``
+standard library (``tl.zeros``, ``tl.sum``, ``tl.cdiv``, ...) is decorated when ``triton`` is
+first imported. So the variable must be set before the first ``import triton`` in the process;
+setting it later gives interpreted kernels calling compiled helpers, which fails.
 
-``TRITON_INTERPRET=0`` on a machine with CUDA runs the same tests compiled, on the GPU.
+This module sets it at import, before importing triton (``import torch`` does not import
+triton). pytest imports it during collection, before any test runs, and every pytest-xdist
+worker is a fresh process that imports it again. What it cannot control is a test module of
+another folder, collected earlier, importing triton first: for that, ``kernels/__init__.py``
+sets the same default itself on hosts without CUDA when it is the first to import triton, and
+the ``device`` fixture below checks which mode triton actually started in and says what to do
+if it is the wrong one. (A root ``tests/conftest.py`` setting the variable would make this
+moot.) ``TRITON_INTERPRET=0`` on a machine with CUDA runs the same tests compiled, on the GPU.
 """
 
 import os
 
-if os.environ.get("TRITON_INTERPRET", "").strip() != "0":
+import torch
+
+if not (os.environ.get("TRITON_INTERPRET", "").strip() == "0" and torch.cuda.is_available()):
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
-import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+from kernels._common import interpreter_active
 
 
 @pytest.fixture
 def device() -> torch.device:
     """Where test tensors live: CPU under the interpreter, else the GPU."""
-    if os.environ["TRITON_INTERPRET"] == "1":
+    if interpreter_active():
         return torch.device("cpu")
-    return torch.device("cuda")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    pytest.fail(
+        "triton was imported in compiled mode before tests/kernels/conftest.py set "
+        "TRITON_INTERPRET=1 (another test module imported it first) and there is no GPU: "
+        "run with TRITON_INTERPRET=1 in the environment"
+    )
 
 
 @pytest.fixture(autouse=True)
