@@ -53,13 +53,12 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
     t0 = time.perf_counter()
     from pdserve import LLM, SamplingParams
 
-    kwargs = {
-        "max_num_seqs": options.get("max_num_seqs", 256),
-        "max_num_batched_tokens": options.get("max_num_batched_tokens", 512),
-    }
-    if options.get("num_kv_blocks") is not None:
-        kwargs["num_kv_blocks"] = options["num_kv_blocks"]
-    llm = LLM(model=model, dtype="float32", **kwargs)
+    # Unset options keep the engine's own defaults.
+    kwargs: dict[str, Any] = {"dtype": "float32"}
+    for key in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "skip_tokenizer_init"):
+        if options.get(key) is not None:
+            kwargs[key] = options[key]
+    llm = LLM(model=model, **kwargs)
     load_s = time.perf_counter() - t0
 
     def run(requests: Requests) -> list[list[int]]:

@@ -68,9 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="write raw results as JSON here")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine subprocess")
     g = p.add_argument_group("pdserve")
-    g.add_argument("--pdserve-max-num-seqs", type=int, default=256)
-    g.add_argument("--pdserve-max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--pdserve-num-kv-blocks", type=int, default=None)
+    g.add_argument("--pdserve-max-num-seqs", type=int, default=None, help="default: pdserve's")
+    g.add_argument(
+        "--pdserve-max-num-batched-tokens", type=int, default=None, help="default: pdserve's"
+    )
+    g.add_argument("--pdserve-num-kv-blocks", type=int, default=None, help="default: pdserve's")
+    g.add_argument(
+        "--pdserve-skip-tokenizer-init",
+        action="store_true",
+        help="no detokenization (as the vLLM runner); default: pdserve detokenizes",
+    )
     g = p.add_argument_group("HF transformers")
     g.add_argument("--hf-batch-size", type=int, default=8, help="static batch size for generate")
     g.add_argument("--hf-cb-page-size", type=int, default=256)
@@ -102,6 +109,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "max_num_seqs": args.pdserve_max_num_seqs,
             "max_num_batched_tokens": args.pdserve_max_num_batched_tokens,
             "num_kv_blocks": args.pdserve_num_kv_blocks,
+            "skip_tokenizer_init": args.pdserve_skip_tokenizer_init or None,
         },
         "hf-static": {"batch_size": args.hf_batch_size},
         "hf-cb": {
@@ -237,8 +245,14 @@ def print_report(
         f"lm_head {flops['lm_head'] / 1e12:.3f}, attention {flops['attention'] / 1e12:.3f})"
     )
     for g in gemm:
-        rates = ", ".join(f"M={m}: {v['layer_gflops']:.0f}" for m, v in g["by_m"].items())
-        print(f"fp32 GEMM ({g['tag']}, {g['num_threads']} threads, layer shapes) GFLOP/s: {rates}")
+        rates = ", ".join(
+            f"M={m}: {v['layer_gflops']:.0f} ({v['layer_gflops_median']:.0f})"
+            for m, v in g["by_m"].items()
+        )
+        print(
+            f"fp32 GEMM at layer shapes ({g['tag']} of run, {g['num_threads']} threads), "
+            f"GFLOP/s fastest call (median call): {rates}"
+        )
     print(
         f"roofline: {gemm_gflops:.0f} GFLOP/s (best measured) -> {summary['roofline_s']:.1f} s, "
         f"{totals['output'] / summary['roofline_s']:.1f} output tok/s"
