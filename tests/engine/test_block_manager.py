@@ -1,0 +1,114 @@
+"""Block manager: exact block ids, eviction order, prefix hits, swap, integrity. No torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.block_hash import ROOT_BLOCK_HASH, hash_block, hash_block_tokens
+from engine.block_manager import BlockManager
+
+
+def test_block_hash_golden() -> None:
+    # Pinned bytes: every worker and the router's prefix index must agree on these.
+    hashes = hash_block_tokens(list(range(32)), 16)
+    assert hashes[1].hex() == "cc2f55803318adebf84d002fd8057bf7"
+    assert ROOT_BLOCK_HASH.hex() == "413238cdcd081a60de0b66c960237c87"
+    assert len(hash_block_tokens(list(range(31)), 16)) == 1  # partial block: no hash
+    assert hashes[0] == hash_block(ROOT_BLOCK_HASH, list(range(16)))
+    assert hash_block(ROOT_BLOCK_HASH, [1, 2], ("lora-a",)) != hash_block(ROOT_BLOCK_HASH, [1, 2])
+    # Same tokens after a different prefix: a different block.
+    assert hash_block_tokens([9] * 16 + list(range(16)), 16)[1] != hashes[0]
+
+
+def test_allocate_exact_ids_and_failure_changes_nothing() -> None:
+    bm = BlockManager(8, 4)
+    assert bm.allocate("a", 6) == [0, 1]
+    assert bm.allocate("a", 9) == [2]
+    assert bm.allocate("a", 9) == []  # already enough
+    assert bm.block_table("a") == [0, 1, 2]
+    assert bm.allocate("b", 100) is None
+    assert not bm.has_blocks("b")
+    assert bm.num_free_blocks == 5
+    assert bm.usage == pytest.approx(3 / 8)
+    bm.check_integrity()
+
+
+def test_eviction_order_lru_and_prefix_hits() -> None:
+    bm = BlockManager(8, 4)
+    tokens = list(range(9))
+    h = hash_block_tokens(tokens, 4)  # two full blocks
+    bm.allocate("a", 9)  # blocks 0, 1, 2
+    bm.cache_blocks("a", h, num_computed_tokens=9)
+    assert bm.cached_block(h[0]) == 0 and bm.cached_block(h[1]) == 1
+    bm.free("a")
+    bm.check_integrity()
+    # Uncached block 2 is reused first, then never-used blocks, then the cached tail (1)
+    # before the cached head (0).
+    assert bm.allocate("c", 24) == [2, 3, 4, 5, 6, 7]
+    assert bm.allocate("c", 28) == [1]
+    assert bm.cached_block(h[1]) is None and bm.cached_block(h[0]) == 0
+    assert bm.find_cached_prefix(h) == [0]
+    # Reviving a cached free block consumes a free block: not enough room for 1 hit + 1 new.
+    assert bm.allocate("d", 8, cached_block_ids=[0]) is None
+    bm.free("c")
+    assert bm.allocate("d", 8, cached_block_ids=[0]) == [2]
+    assert bm.block_table("d") == [0, 2]
+    bm.check_integrity()
+
+
+def test_shared_blocks_are_refcounted() -> None:
+    bm = BlockManager(6, 4)
+    h = hash_block_tokens(list(range(8)), 4)
+    bm.allocate("a", 8)
+    bm.cache_blocks("a", h, 8)
+    hits = bm.find_cached_prefix(h)
+    assert hits == [0, 1]
+    assert bm.allocate("b", 10, cached_block_ids=hits) == [2]
+    assert bm.block_table("b") == [0, 1, 2]
+    bm.check_integrity()
+    bm.free("a")
+    assert bm.num_free_blocks == 3  # 0 and 1 still held by b
+    bm.free("b")
+    bm.free("b")  # idempotent
+    bm.check_integrity()
+    assert bm.is_idle()
+
+
+def test_swap_out_and_in() -> None:
+    bm = BlockManager(4, 4, num_host_blocks=3)
+    bm.allocate("a", 12)
+    assert bm.can_swap_out("a")
+    assert bm.swap_out("a") == [(0, 0), (1, 1), (2, 2)]
+    assert bm.host_block_table("a") == [0, 1, 2] and not bm.has_blocks("a")
+    bm.check_integrity()
+    bm.allocate("b", 16)
+    assert not bm.can_swap_in("a")
+    assert bm.swap_in("a") is None
+    bm.free("b")
+    assert bm.swap_in("a") == [(0, 0), (1, 1), (2, 2)]
+    assert bm.num_free_host_blocks == 3
+    bm.allocate("c", 4)
+    assert not bm.can_swap_out("c") or bm.num_free_host_blocks >= 1
+    bm.check_integrity()
+    bm.free("a")
+    bm.free("c")
+    assert bm.is_idle()
+
+
+def test_integrity_catches_corruption() -> None:
+    bm = BlockManager(4, 4)
+    bm.allocate("a", 4)
+    bm._ref_cnt[0] = 2
+    with pytest.raises(AssertionError):
+        bm.check_integrity()
+
+
+def test_block_manager_and_scheduler_import_no_torch() -> None:
+    code = (
+        "import sys, engine.block_manager, engine.scheduler, engine.block_hash;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
