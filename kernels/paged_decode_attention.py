@@ -173,17 +173,18 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
 def default_num_splits(
     num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132
 ) -> int:
-    """Splits that fill the GPU when ``num_seqs * num_kv_heads`` programs alone would not.
+    """Splits that give the GPU about 4 programs per SM when (seq, KV head) pairs alone do not.
 
-    Each split should still cover >= 512 tokens so the partial writes and the reduce stay cheap;
-    at most 16 splits. ``num_sms`` defaults to the H100/H200's 132.
+    Each split keeps >= 512 tokens so the partial writes and the reduce stay a small fraction of
+    the K/V traffic; at most 32 splits. ``num_sms`` defaults to the H100/H200's 132.
     """
     programs = num_seqs * num_kv_heads
-    if programs >= num_sms or max_seq_len <= 1024:
+    target = 4 * num_sms
+    if programs >= target or max_seq_len <= 1024:
         return 1
-    by_occupancy = -(-2 * num_sms // programs)
-    by_length = max(1, max_seq_len // 512)
-    return max(1, min(16, by_occupancy, by_length))
+    by_occupancy = -(-target // programs)
+    by_length = max_seq_len // 512
+    return max(1, min(32, by_occupancy, by_length))
 
 
 def paged_decode_attention(

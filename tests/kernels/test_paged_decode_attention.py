@@ -100,8 +100,8 @@ def test_paged_decode_writes_into_given_output(device):
 
 
 def test_default_num_splits():
-    assert default_num_splits(256, 8, 32768) == 1  # enough programs already
+    assert default_num_splits(256, 8, 32768) == 1  # 2048 programs fill 132 SMs already
     assert default_num_splits(1, 8, 512) == 1  # short context
-    assert default_num_splits(1, 8, 32768) == 16  # few programs, long context: capped
+    assert default_num_splits(1, 8, 32768) == 32  # 8 programs, long context: capped
     assert default_num_splits(4, 8, 4096) == 8  # bounded by 4096 / 512 tokens per split
-    assert default_num_splits(16, 2, 2048) == 4
+    assert default_num_splits(16, 8, 8192) == 5  # ceil(528 / 128) programs per pair

@@ -105,4 +105,4 @@ def test_pure_decode_long_context_uses_split_kv(device, monkeypatch):
 
     _run_step(backend, pool, expected_pool, meta, device)
 
-    assert calls == [2, 2]  # both layers; min(16, ceil(2 * 132 / 4), 1100 // 512)
+    assert calls == [2, 2]  # both layers; min(32, ceil(4 * 132 / 4), 1100 // 512)
