@@ -202,7 +202,9 @@ class BlockManager:
             for b in table:
                 counts[b] += 1
         for b in range(self.num_blocks):
-            assert counts[b] == self._ref_cnt[b], f"block {b}: ref {self._ref_cnt[b]} != {counts[b]}"
+            assert counts[b] == self._ref_cnt[b], (
+                f"block {b}: ref {self._ref_cnt[b]} != {counts[b]}"
+            )
             assert (self._ref_cnt[b] == 0) == (b in self._free), f"block {b} free-state mismatch"
             h = self._block_hash[b]
             if h is not None:

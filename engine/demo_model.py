@@ -132,7 +132,10 @@ def make_random_model(
         train_tokenizer(folder)
     else:
         for name in os.listdir(tokenizer_folder):
-            if name.startswith("tokenizer") or name in ("special_tokens_map.json", "chat_template.jinja"):
+            if name.startswith("tokenizer") or name in (
+                "special_tokens_map.json",
+                "chat_template.jinja",
+            ):
                 shutil.copy(Path(tokenizer_folder) / name, folder / name)
     tok_cfg = json.loads((folder / "tokenizer.json").read_text())
     tok_vocab = len(tok_cfg["model"]["vocab"]) + sum(

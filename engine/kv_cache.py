@@ -24,9 +24,7 @@ class KVCache:
         self.device = device
         self.pool = torch.empty(spec.pool_shape(num_blocks), dtype=dtype, device=device)
         pin = device.type == "cuda"
-        self.host_pool = torch.empty(
-            spec.pool_shape(num_host_blocks), dtype=dtype, pin_memory=pin
-        )
+        self.host_pool = torch.empty(spec.pool_shape(num_host_blocks), dtype=dtype, pin_memory=pin)
         self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
             (self.pool[:, layer, 0], self.pool[:, layer, 1]) for layer in range(spec.num_layers)
         ]

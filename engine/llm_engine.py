@@ -62,8 +62,9 @@ class LLMEngine:
         model_path = config.model or str(demo_model_path())
         self.model_config = load_model_config(model_path, config.dtype)
         mc = self.model_config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
-                                 mc.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        )
         self.tokenizer: Any = None
         if not config.skip_tokenizer_init:
             from transformers import AutoTokenizer
@@ -111,7 +112,11 @@ class LLMEngine:
         self.num_steps = 0
         logger.info(
             "engine ready: %s on %s, %d KV blocks (+%d host), backend %s",
-            mc.architecture, self.device, num_blocks, num_host, self.backend.name,
+            mc.architecture,
+            self.device,
+            num_blocks,
+            num_host,
+            self.backend.name,
         )
 
     # ----------------------------------------------------------------- requests

@@ -65,7 +65,7 @@ def load_model(cfg: ModelConfig, device: torch.device) -> LlamaForCausalLM:
     inter = cfg.intermediate_size
     for f in files:
         with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+            for name in fh.keys():
                 tensor = fh.get_tensor(name)
                 target, rows = _map_name(name, qkv_offsets, inter)
                 if target is None:

@@ -56,9 +56,9 @@ class AutoPreemption(_VictimByPolicy):
         return "recompute"
 
 
-def make_preemption_policy(mode: str, queue_policy: str, swap_threshold_tokens: int) -> (
-    PreemptionPolicy
-):
+def make_preemption_policy(
+    mode: str, queue_policy: str, swap_threshold_tokens: int
+) -> PreemptionPolicy:
     if mode == "swap":
         return SwapPreemption(queue_policy)
     if mode == "recompute":

@@ -6,6 +6,7 @@ services can map it to INVALID_ARGUMENT / HTTP 400 and the caller knows what to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
@@ -26,8 +27,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    stop: Sequence[str] = ()  # a str, list or tuple; stored as a tuple
+    stop_token_ids: Sequence[int] = ()  # stored as a tuple
     ignore_eos: bool = False
     logprobs: int | None = None
     include_stop_str_in_output: bool = False

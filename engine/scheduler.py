@@ -141,23 +141,24 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
                 num_new = self._num_tokens_to_schedule(request, budget)
-                if num_new and self.block_manager.allocate(
-                    request.request_id, request.num_computed_tokens + num_new
-                ) is not None:
+                if (
+                    num_new
+                    and self.block_manager.allocate(
+                        request.request_id, request.num_computed_tokens + num_new
+                    )
+                    is not None
+                ):
                     scheduled[request.request_id] = num_new
                     budget -= num_new
 
         # 3. New (or recompute-preempted) requests.
         if not preempted and not self.swapped:
-            while (
-                len(self.waiting)
-                and budget > 0
-                and len(self.running) < self.config.max_num_seqs
-            ):
+            while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting.peek()
-                num_new = self._admit(request, budget)
-                if num_new is None:
+                admitted = self._admit(request, budget)
+                if admitted is None:
                     break
+                num_new = admitted
                 self.waiting.pop()
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)

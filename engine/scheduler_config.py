@@ -35,7 +35,8 @@ class SchedulerConfig:
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
         if self.preemption_mode not in ("swap", "recompute", "auto"):
             raise ValueError(
-                f"preemption_mode must be 'swap', 'recompute' or 'auto', got {self.preemption_mode!r}"
+                "preemption_mode must be 'swap', 'recompute' or 'auto', "
+                f"got {self.preemption_mode!r}"
             )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(

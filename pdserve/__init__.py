@@ -1,8 +1,8 @@
 """pdserve: LLM serving with disaggregated prefill and decode.
 
-    from pdserve import LLM, SamplingParams
-    llm = LLM()  # the built-in demo model; or LLM(model="/path/to/hf-folder")
-    print(llm.generate("Hello", SamplingParams(max_tokens=8))[0].text)
+from pdserve import LLM, SamplingParams
+llm = LLM()  # the built-in demo model; or LLM(model="/path/to/hf-folder")
+print(llm.generate("Hello", SamplingParams(max_tokens=8))[0].text)
 """
 
 from engine.engine_config import EngineConfig

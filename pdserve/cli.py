@@ -70,13 +70,17 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         return 2
     for out in outputs:
         if a.json:
-            print(json.dumps({
-                "prompt": out.prompt,
-                "text": out.text,
-                "token_ids": out.token_ids,
-                "finish_reason": out.finish_reason,
-                "num_prompt_tokens": len(out.prompt_token_ids),
-            }))
+            print(
+                json.dumps(
+                    {
+                        "prompt": out.prompt,
+                        "text": out.text,
+                        "token_ids": out.token_ids,
+                        "finish_reason": out.finish_reason,
+                        "num_prompt_tokens": len(out.prompt_token_ids),
+                    }
+                )
+            )
         else:
             print(f"{out.prompt!r} -> {out.text!r} [{out.finish_reason}]")
     return 0

@@ -82,7 +82,7 @@ class LLM:
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, str | dict):
         return [prompts]
-    seq = list(prompts)
+    seq: list[Any] = list(prompts)
     if seq and all(isinstance(x, int) for x in seq):
         return [seq]  # a single prompt given as token ids
     return seq

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path)
     return make
 
 
-TINY_ARCHS = {
+TINY_ARCHS: dict[str, dict[str, Any]] = {
     "llama": dict(architecture="llama"),
     "qwen2": dict(architecture="qwen2", tie_word_embeddings=False),
     "qwen3": dict(architecture="qwen3", num_heads=4, num_kv_heads=1, head_dim=32),

@@ -77,7 +77,9 @@ class TorchAttentionBackend:
         return masks
 
     @staticmethod
-    def _mask(q_len: int, seq_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    def _mask(
+        q_len: int, seq_len: int, window: int | None, device: torch.device
+    ) -> torch.Tensor | None:
         ctx = seq_len - q_len
         if window is None or seq_len <= window:
             if q_len == 1 or ctx == 0:

@@ -34,7 +34,9 @@ def random_prompts(
 ) -> list[list[int]]:
     rng = random.Random(seed)
     # Skip the special tokens (ids 0..2) so prompts look like text.
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+    return [
+        [rng.randrange(3, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)
+    ]
 
 
 def greedy(max_tokens: int) -> SamplingParams:

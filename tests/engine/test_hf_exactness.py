@@ -17,14 +17,20 @@ from tests.hf_oracle import hf_greedy
 
 def make_engine(folder: Path, **overrides: object) -> LLMEngine:
     options: dict[str, object] = dict(
-        model=str(folder), dtype="float32", num_kv_blocks=512, num_host_blocks=256,
-        max_num_batched_tokens=256, max_num_seqs=64,
+        model=str(folder),
+        dtype="float32",
+        num_kv_blocks=512,
+        num_host_blocks=256,
+        max_num_batched_tokens=256,
+        max_num_seqs=64,
     )
     options.update(overrides)
     return LLMEngine(EngineConfig(**options))  # type: ignore[arg-type]
 
 
-def check_against_hf(folder: Path, prompts: list[list[int]], lengths: list[int], outs: dict) -> None:
+def check_against_hf(
+    folder: Path, prompts: list[list[int]], lengths: list[int], outs: dict
+) -> None:
     for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
         expected = hf_greedy(folder, prompt, n)
         got = outs[f"r{i}"].token_ids
@@ -95,7 +101,10 @@ def test_prefix_caching_shared_prefixes(tiny_model: Path) -> None:
 def test_preemption(tiny_model: Path, mode: str) -> None:
     # 24 blocks of 16 tokens cannot hold 8 requests growing to ~90 tokens each.
     engine = make_engine(
-        tiny_model, num_kv_blocks=24, num_host_blocks=64, preemption_mode=mode,
+        tiny_model,
+        num_kv_blocks=24,
+        num_host_blocks=64,
+        preemption_mode=mode,
         max_num_batched_tokens=64,
     )
     prompts = random_prompts(8, engine.model_config.vocab_size, 20, 50, seed=7)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,12 @@ def llm(llama: Path) -> LLM:
 def test_prompt_forms_and_per_prompt_params(llm: LLM, llama: Path) -> None:
     ids = llm.tokenizer.encode("the model serves tokens")
     outs = llm.generate(
-        ["the model serves tokens", {"prompt_token_ids": ids}, {"prompt": "the model serves tokens"}, ids],
+        [
+            "the model serves tokens",
+            {"prompt_token_ids": ids},
+            {"prompt": "the model serves tokens"},
+            ids,
+        ],
         [greedy(5), greedy(5), greedy(7), greedy(3)],
     )
     expected = hf_greedy(llama, ids, 7)
@@ -44,7 +50,10 @@ def test_prompt_forms_and_per_prompt_params(llm: LLM, llama: Path) -> None:
 
 def test_logprobs_match_hf(llm: LLM, llama: Path) -> None:
     prompt = random_prompts(1, llm.engine.model_config.vocab_size, 12, 12, seed=11)[0]
-    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=4))[0]
+    out = llm.generate(
+        {"prompt_token_ids": prompt},
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=4),
+    )[0]
     ref = hf_logprobs(llama, prompt + out.token_ids[:-1])
     assert out.logprobs is not None and len(out.logprobs) == 6
     for i, tok in enumerate(out.logprobs):
@@ -61,9 +70,13 @@ def test_seeded_sampling_reproducible_across_batches(llm: LLM) -> None:
     p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=7, max_tokens=12, ignore_eos=True)
     alone = llm.generate("Paris river", p)[0].token_ids
     noise = SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
-    batched = llm.generate(["Paris river", "a b c", "more text here"], [p, noise, noise])[0].token_ids
+    batched = llm.generate(["Paris river", "a b c", "more text here"], [p, noise, noise])[
+        0
+    ].token_ids
     assert alone == batched
-    other = llm.generate("Paris river", SamplingParams(temperature=1.0, seed=8, max_tokens=12, ignore_eos=True))[0]
+    other = llm.generate(
+        "Paris river", SamplingParams(temperature=1.0, seed=8, max_tokens=12, ignore_eos=True)
+    )[0]
     assert other.token_ids != alone
 
 
@@ -76,7 +89,9 @@ def test_stop_strings_and_stop_ids(llm: LLM) -> None:
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == text[: text.index(stop)]
     stop_id = base.token_ids[4]
-    out = llm.generate("the cache", SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_id]))[0]
+    out = llm.generate(
+        "the cache", SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_id])
+    )[0]
     assert out.token_ids == base.token_ids[: base.token_ids.index(stop_id) + 1]
     assert out.stop_reason == stop_id and out.finish_reason == "stop"
     assert_pool_free(llm.engine)
@@ -84,7 +99,9 @@ def test_stop_strings_and_stop_ids(llm: LLM) -> None:
 
 def test_streaming_deltas_add_up(llm: LLM) -> None:
     engine = llm.engine
-    engine.add_request("s", "the model", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    engine.add_request(
+        "s", "the model", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    )
     deltas, ids = [], []
     final = None
     while engine.has_unfinished_requests():
@@ -106,9 +123,12 @@ def test_streaming_deltas_add_up(llm: LLM) -> None:
         (12345, greedy(4), "prompt"),
     ],
 )
-def test_bad_input_raises_and_engine_keeps_serving(llm: LLM, llama: Path, prompt, params, match) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_raises_and_engine_keeps_serving(
+    llm: LLM, llama: Path, prompt, params, match
+) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=match):
-        llm.generate([prompt, "a good prompt"] if not isinstance(prompt, int) else [[prompt, "x"]], params)
+        batch: Any = [prompt, "a good prompt"] if not isinstance(prompt, int) else [[prompt, "x"]]
+        llm.generate(batch, params)
     assert_pool_free(llm.engine)
     ok = llm.generate("still serving", greedy(3))[0]
     assert ok.token_ids == hf_greedy(llama, llm.tokenizer.encode("still serving"), 3)
@@ -117,28 +137,66 @@ def test_bad_input_raises_and_engine_keeps_serving(llm: LLM, llama: Path, prompt
 def test_cli_generate(llama: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run(
-        [sys.executable, "-m", "pdserve", "generate", "--model", str(llama), "--prompt", "the model",
-         "--max-tokens", "5", "--ignore-eos", "--json", "--num-kv-blocks", "64", "--dtype", "float32"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pdserve",
+            "generate",
+            "--model",
+            str(llama),
+            "--prompt",
+            "the model",
+            "--max-tokens",
+            "5",
+            "--ignore-eos",
+            "--json",
+            "--num-kv-blocks",
+            "64",
+            "--dtype",
+            "float32",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(data["token_ids"]) == 5 and data["finish_reason"] == "length"
     bad = subprocess.run(
-        [sys.executable, "-m", "pdserve", "generate", "--model", str(llama), "--prompt", "x",
-         "--max-tokens", "0", "--num-kv-blocks", "64"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pdserve",
+            "generate",
+            "--model",
+            str(llama),
+            "--prompt",
+            "x",
+            "--max-tokens",
+            "0",
+            "--num-kv-blocks",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert bad.returncode == 2 and "max_tokens" in bad.stderr
 
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    with pytest.raises(ValueError, match="unsupported architecture.*GPT2LMHeadModel"):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    )
+    with pytest.raises(ValueError, match=r"unsupported architecture.*GPT2LMHeadModel"):
         LLM(str(tmp_path))
 
 
-def test_demo_model_is_built_once_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_model_is_built_once_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PDSERVE_CACHE", str(tmp_path))
     from engine.demo_model import demo_model_path
 

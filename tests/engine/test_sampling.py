@@ -47,12 +47,15 @@ def test_greedy_and_degenerate_random_equal_argmax() -> None:
     logits = torch.randn(4, 50)
     s = Sampler()
     best = logits.argmax(-1).tolist()
-    got = s.sample(logits, rows(
-        SamplingParams(temperature=0),
-        SamplingParams(temperature=1.0, top_k=1),
-        SamplingParams(temperature=0.7, top_p=1e-6),
-        SamplingParams(temperature=0),
-    ))
+    got = s.sample(
+        logits,
+        rows(
+            SamplingParams(temperature=0),
+            SamplingParams(temperature=1.0, top_k=1),
+            SamplingParams(temperature=0.7, top_p=1e-6),
+            SamplingParams(temperature=0),
+        ),
+    )
     assert [t.token_id for t in got] == best
 
 
@@ -80,7 +83,8 @@ def test_seeded_sampling_is_reproducible_and_batch_independent() -> None:
         out = []
         for _ in range(10):
             batch = torch.cat([logits, torch.randn(extra_rows, 100)])
-            r = [SamplingRow("seeded", p, 0)] + rows(*[SamplingParams(temperature=1.0)] * extra_rows)
+            noise = rows(*[SamplingParams(temperature=1.0)] * extra_rows)
+            r = [SamplingRow("seeded", p, 0), *noise]
             out.append(s.sample(batch, r)[0].token_id)
         return out
 
@@ -103,7 +107,9 @@ def test_min_tokens_masks_eos_and_stop_ids() -> None:
 def test_logprobs_are_raw_log_softmax() -> None:
     torch.manual_seed(2)
     logits = torch.randn(2, 30)
-    got = Sampler().sample(logits, rows(SamplingParams(temperature=0, logprobs=3), SamplingParams(temperature=0)))
+    got = Sampler().sample(
+        logits, rows(SamplingParams(temperature=0, logprobs=3), SamplingParams(temperature=0))
+    )
     ref = logits[0].log_softmax(-1)
     assert got[0].logprob == pytest.approx(ref.max().item(), abs=1e-6)
     top = ref.topk(3)

@@ -18,10 +18,16 @@ def make(num_blocks: int = 64, block_size: int = 4, num_host: int = 0, **cfg: ob
     return Scheduler(SchedulerConfig(**options), bm)  # type: ignore[arg-type]
 
 
-def req(rid: str, n: int, max_tokens: int = 8, t: float = 0.0, prio: int = 0, first: int = 100) -> Request:
+def req(
+    rid: str, n: int, max_tokens: int = 8, t: float = 0.0, prio: int = 0, first: int = 100
+) -> Request:
     return Request(
-        rid, list(range(first, first + n)), SamplingParams(max_tokens=max_tokens, temperature=0),
-        arrival_time=t, priority=prio, max_total_tokens=256,
+        rid,
+        list(range(first, first + n)),
+        SamplingParams(max_tokens=max_tokens, temperature=0),
+        arrival_time=t,
+        priority=prio,
+        max_total_tokens=256,
     )
 
 
@@ -33,7 +39,10 @@ def step(s: Scheduler, token: int = 7) -> SchedulerOutput:
 
 
 def shape(out: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
-    return [(x.request_id, x.num_computed_tokens, x.num_scheduled_tokens, x.sample) for x in out.scheduled]
+    return [
+        (x.request_id, x.num_computed_tokens, x.num_scheduled_tokens, x.sample)
+        for x in out.scheduled
+    ]
 
 
 def test_chunked_prefill_boundaries_with_budget_7() -> None:
@@ -47,7 +56,9 @@ def test_chunked_prefill_boundaries_with_budget_7() -> None:
 
 
 def test_chunked_prefill_off_waits_for_whole_prompt() -> None:
-    s = make(num_blocks=128, max_num_batched_tokens=300, enable_chunked_prefill=False, max_model_len=300)
+    s = make(
+        num_blocks=128, max_num_batched_tokens=300, enable_chunked_prefill=False, max_model_len=300
+    )
     s.add_request(req("a", 250, first=1000))
     s.add_request(req("b", 100, first=2000))
     assert shape(step(s)) == [("a", 0, 250, True)]  # b (100) does not fit the 50 left
@@ -122,7 +133,9 @@ def test_swap_preemption_and_swap_in_before_new_admissions() -> None:
 
 
 def test_auto_mode_swaps_long_and_recomputes_short() -> None:
-    s = make(num_blocks=9, block_size=4, num_host=16, preemption_mode="auto", swap_threshold_tokens=8)
+    s = make(
+        num_blocks=9, block_size=4, num_host=16, preemption_mode="auto", swap_threshold_tokens=8
+    )
     s.add_request(req("long", 12, max_tokens=20, t=0))
     s.add_request(req("short", 4, max_tokens=20, t=1))
     s.add_request(req("long2", 12, max_tokens=20, t=2))
@@ -154,8 +167,13 @@ def test_finish_request_anywhere_is_idempotent() -> None:
 
 def test_stop_conditions() -> None:
     s = make()
-    r = Request("a", [1, 2, 3], SamplingParams(max_tokens=5, min_tokens=2, stop_token_ids=(9,)),
-                eos_token_id=0, max_total_tokens=256)
+    r = Request(
+        "a",
+        [1, 2, 3],
+        SamplingParams(max_tokens=5, min_tokens=2, stop_token_ids=(9,)),
+        eos_token_id=0,
+        max_total_tokens=256,
+    )
     s.add_request(r)
     out = s.schedule()
     s.update_from_output(out, {"a": 0})  # EOS before min_tokens: ignored
