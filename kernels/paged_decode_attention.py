@@ -6,13 +6,14 @@ so each K/V byte is read once per step, and walks the sequence's tokens in tiles
 (several cache blocks per tile; each token's block comes from the block table) with an online
 softmax.
 
-Split-KV (flash-decoding) for long contexts and few sequences: the token range is cut into
-``num_splits`` contiguous pieces, each program writes an unnormalized-free partial output and
-its log-sum-exp, and a second kernel merges them:
+Split-KV (flash-decoding) for long contexts and few sequences: the visible token range is cut
+into ``num_splits`` contiguous pieces, each program writes its normalized partial output and
+log-sum-exp, and a second kernel merges them:
 
-    split s covers tokens [s * L, min((s + 1) * L, seq_len)),   L = ceil(seq_len / S) rounded up
-                                                                    to a multiple of TILE_N
-    out = sum_s exp(lse_s - max lse) * out_s / sum_s exp(lse_s - max lse)
+    k0 = first visible key: 0, or seq_len - window with a sliding window
+    L  = ceil((seq_len - k0) / num_splits), rounded up to a multiple of TILE_N
+    split s covers keys [k0 + s * L, min(k0 + (s + 1) * L, seq_len))   (may be empty)
+    out = sum_s 2^(lse_s - max lse) * out_s / sum_s 2^(lse_s - max lse)
 
 With ``num_splits == 1`` the first kernel writes the final output directly.
 """
@@ -26,6 +27,7 @@ import triton.language as tl
 from kernels._common import check_device, next_power_of_2
 
 _LOG2E = 1.4426950408889634
+_NO_WINDOW = 2**31 - 1
 
 
 @triton.jit
@@ -51,6 +53,7 @@ def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     stride_vc_head,
     stride_bt_seq,
     head_dim,
+    sliding_window,  # keys (p - window, p] for a query at p; 2^31 - 1 = no window
     QUERIES_PER_KV: tl.constexpr,  # num_heads // num_kv_heads
     BLOCK_G: tl.constexpr,  # QUERIES_PER_KV padded to a power of 2 >= 16
     BLOCK_D: tl.constexpr,  # head_dim padded to a power of 2 >= 16
@@ -64,8 +67,9 @@ def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_N) * TILE_N
-    start = split * tokens_per_split
+    kv_start = tl.maximum(seq_len - sliding_window, 0)  # first key the query sees
+    tokens_per_split = tl.cdiv(tl.cdiv(seq_len - kv_start, NUM_SPLITS), TILE_N) * TILE_N
+    start = kv_start + split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
 
     g = tl.arange(0, BLOCK_G)
@@ -197,6 +201,7 @@ def paged_decode_attention(
     num_splits: int = 1,
     out: torch.Tensor | None = None,
     tile_n: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its cached tokens ``0 .. seq_lens[i] - 1``.
 
@@ -204,7 +209,8 @@ def paged_decode_attention(
     head_dim]`` (any strides, head_dim stride 1), already holding the new token's K/V;
     ``block_tables``: ``[num_seqs, max_num_blocks]`` int32; ``seq_lens``: ``[num_seqs]`` int32,
     each >= 1. Returns ``out`` (allocated when None) ``[num_seqs, num_heads, head_dim]`` in
-    ``q``'s dtype. ``num_splits > 1`` selects the split-KV variant.
+    ``q``'s dtype. ``num_splits > 1`` selects the split-KV variant. ``sliding_window``: the
+    query at position ``p`` sees only keys ``p - window + 1 .. p`` (None: all).
     """
     assert q.dim() == 3 and k_cache.dim() == 4 and v_cache.shape == k_cache.shape
     num_seqs, num_heads, head_dim = q.shape
@@ -217,6 +223,7 @@ def paged_decode_attention(
     assert block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
     assert seq_lens.shape == (num_seqs,) and seq_lens.dtype == torch.int32
     assert num_splits >= 1
+    assert sliding_window is None or sliding_window >= 1
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
@@ -262,6 +269,7 @@ def paged_decode_attention(
         v_cache.stride(2),
         block_tables.stride(0),
         head_dim,
+        _NO_WINDOW if sliding_window is None else min(sliding_window, _NO_WINDOW),
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_G=block_g,
         BLOCK_D=block_d,

@@ -7,6 +7,7 @@ query_start_loc[i + 1]`` of ``q``; their K/V are already in the cache (written b
 
     request i:  | context (seq_len - query_len) | new tokens (query_len) |
     new token j sits at position context + j and sees cached positions 0 .. context + j
+    (with a sliding window W: context + j - W + 1 .. context + j)
 
 Grid: (query tiles, KV heads). A query tile holds ``BLOCK_Q`` consecutive new tokens of one
 request times the ``QUERIES_PER_KV`` query heads sharing the KV head (``BLOCK_M`` rows, row
@@ -25,6 +26,7 @@ import triton.language as tl
 from kernels._common import check_device, next_power_of_2
 
 _LOG2E = 1.4426950408889634
+_NO_WINDOW = 2**31 - 1
 
 
 @triton.jit
@@ -50,6 +52,7 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
     stride_bt_seq,
     num_seqs,
     head_dim,
+    sliding_window,  # keys (p - window, p] for a query at p; 2^31 - 1 = no window
     QUERIES_PER_KV: tl.constexpr,  # num_heads // num_kv_heads
     BLOCK_Q: tl.constexpr,  # new tokens per query tile
     BLOCK_M: tl.constexpr,  # BLOCK_Q * QUERIES_PER_KV padded to a power of 2 >= 16
@@ -90,16 +93,17 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
         mask=row_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
-    # Rows past the chunk end still see key 0 (always valid), so no row is fully masked (no NaN).
-    q_pos = context_len + q_tok  # [BLOCK_M] position of each row's token
+    kv_end = context_len + tl.minimum(tok0 + BLOCK_Q, query_len)  # last row's position + 1
+    # Rows past the chunk end act as its last row, so every row sees at least its own key.
+    q_pos = tl.minimum(context_len + q_tok, kv_end - 1)  # [BLOCK_M] each row's position
+    kv_start = tl.maximum(context_len + tok0 - sliding_window + 1, 0)  # first row's first key
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n = tl.arange(0, TILE_N)
     block_table = block_tables_ptr + seq * stride_bt_seq
-    kv_end = context_len + tl.minimum(tok0 + BLOCK_Q, query_len)  # last row's position + 1
-    for tile_start in range(0, kv_end, TILE_N):
+    for tile_start in range(kv_start, kv_end, TILE_N):
         pos = tile_start + n  # [TILE_N] key positions
         n_mask = pos < kv_end
         # int64: a block id times the block stride passes 2^31 elements in pools of a few GiB.
@@ -126,10 +130,13 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
         )  # [TILE_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        # A row whose window starts after this tile has seen no key yet: keep its terms at 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -153,6 +160,7 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     block_m: int = 64,
     tile_n: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged cache (mixed batch).
 
@@ -162,7 +170,8 @@ def paged_prefill_attention(
     ``query_start_loc``: ``[num_seqs + 1]`` int32; ``seq_lens``: ``[num_seqs]`` int32
     (context + new). Returns ``out`` (allocated when None) ``[num_tokens, num_heads, head_dim]``;
     rows past ``query_start_loc[-1]`` (padding) are zero when ``out`` is allocated here and
-    untouched otherwise.
+    untouched otherwise. ``sliding_window``: a query at position ``p`` sees only keys
+    ``p - window + 1 .. p`` (None: all earlier keys).
     """
     assert q.dim() == 3 and k_cache.dim() == 4 and v_cache.shape == k_cache.shape
     num_tokens, num_heads, head_dim = q.shape
@@ -177,6 +186,7 @@ def paged_prefill_attention(
     assert block_tables.dim() == 2 and block_tables.shape[0] == num_seqs
     assert block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
     assert query_start_loc.is_contiguous() and seq_lens.is_contiguous()
+    assert sliding_window is None or sliding_window >= 1
     if out is None:
         out = torch.zeros_like(q)
     assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
@@ -214,6 +224,7 @@ def paged_prefill_attention(
         block_tables.stride(0),
         num_seqs,
         head_dim,
+        _NO_WINDOW if sliding_window is None else min(sliding_window, _NO_WINDOW),
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,

@@ -31,11 +31,13 @@ def paged_attention_reference(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new rows over its cached positions, float32 output.
 
     Request ``i``'s rows ``query_start_loc[i]:query_start_loc[i+1]`` sit at the last positions
     of its ``seq_lens[i]`` tokens; row ``j`` sees positions ``0 .. seq_len - query_len + j``.
+    With ``sliding_window`` W, row ``j`` sees only the last W of those positions.
     Rows past ``query_start_loc[-1]`` are zero.
     """
     num_heads = q.shape[1]
@@ -53,6 +55,9 @@ def paged_attention_reference(
         v = v_cache[blocks, pos % block_size].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
         q_pos = seq_len - query_len + torch.arange(query_len, device=q.device)
-        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = pos[None, :] > q_pos[:, None]
+        if sliding_window is not None:
+            hidden |= pos[None, :] <= q_pos[:, None] - sliding_window
+        scores = scores.masked_fill(hidden[None], float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
     return out

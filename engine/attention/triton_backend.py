@@ -56,15 +56,31 @@ class TritonAttentionBackend:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.num_seqs == 0:
             return torch.zeros_like(q)
+        window = meta.sliding_window
         if meta.is_pure_decode and meta.num_tokens == meta.num_seqs:
+            visible = meta.max_seq_len if window is None else min(meta.max_seq_len, window)
             num_splits = default_num_splits(
-                meta.num_seqs, k_cache.shape[2], meta.max_seq_len, self._sm_count(q)
+                meta.num_seqs, k_cache.shape[2], visible, self._sm_count(q)
             )
             return paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                scale,
+                num_splits,
+                sliding_window=window,
             )
         return paged_prefill_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            sliding_window=window,
         )
 
     def _sm_count(self, q: torch.Tensor) -> int:

@@ -105,3 +105,21 @@ def test_default_num_splits():
     assert default_num_splits(1, 8, 32768) == 32  # 8 programs, long context: capped
     assert default_num_splits(4, 8, 4096) == 8  # bounded by 4096 / 512 tokens per split
     assert default_num_splits(16, 8, 8192) == 5  # ceil(528 / 128) programs per pair
+
+
+@pytest.mark.parametrize(("window", "num_splits"), [(1, 1), (24, 1), (50, 3), (500, 2)])
+def test_paged_decode_sliding_window(window, num_splits, device):
+    # seq_lens around the window: shorter than it, equal, much longer.
+    q, k_cache, v_cache, block_tables, lens = _decode_case(
+        4, 2, 32, 16, [1, 24, 50, 130], torch.float32, device
+    )
+
+    out = paged_decode_attention(
+        q, k_cache, v_cache, block_tables, lens, 0.2, num_splits, sliding_window=window
+    )
+
+    query_start_loc = torch.arange(5, dtype=torch.int32, device=device)
+    expected = paged_attention_reference(
+        q, k_cache, v_cache, block_tables, query_start_loc, lens, 0.2, sliding_window=window
+    )
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)

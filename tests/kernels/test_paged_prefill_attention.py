@@ -127,3 +127,20 @@ def test_large_block_index_uses_int64_offsets(device, huge_pool):
 
     expected = paged_attention_reference(q, k_cache, v_cache, block_tables, qsl, lens, 0.2)
     torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize(("window", "block_m"), [(1, 16), (5, 16), (20, 64), (45, 16)])
+def test_sliding_window(window, block_m, device):
+    # Windows shorter than a chunk, than a tile, than the context; the loop starts mid-cache.
+    q, k_cache, v_cache, block_tables, qsl, lens = _mixed_case(
+        4, 2, 32, 16, [30, 1, 12], [40, 70, 0], torch.float32, device
+    )
+
+    out = paged_prefill_attention(
+        q, k_cache, v_cache, block_tables, qsl, lens, 0.2, block_m=block_m, sliding_window=window
+    )
+
+    expected = paged_attention_reference(
+        q, k_cache, v_cache, block_tables, qsl, lens, 0.2, sliding_window=window
+    )
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)

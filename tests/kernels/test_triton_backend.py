@@ -1,3 +1,6 @@
+import dataclasses
+
+import pytest
 import torch
 
 import engine.attention.triton_backend as triton_backend
@@ -47,11 +50,16 @@ def _metadata(block_tables, context_lens, query_lens, device, num_padding_rows=0
     )
 
 
-def _run_step(backend, pool, expected_pool, meta, device):
-    """Both layers through the backend and through the torch reference; compare."""
+def _run_step(backend, pool, expected_pool, meta, device, windows=(None, None)):
+    """Both layers through the backend and through the torch reference; compare.
+
+    ``windows``: each layer's sliding window, set on the metadata as the model runner does.
+    """
     backend.prepare(meta, SPEC.block_size)
     scale = SPEC.head_dim**-0.5
+    step_meta = meta
     for layer in range(SPEC.num_layers):
+        meta = dataclasses.replace(step_meta, sliding_window=windows[layer])
         q = torch.randn(meta.num_tokens, NUM_HEADS, SPEC.head_dim, device=device)
         k = torch.randn(meta.num_tokens, SPEC.num_kv_heads, SPEC.head_dim, device=device)
         v = torch.randn(meta.num_tokens, SPEC.num_kv_heads, SPEC.head_dim, device=device)
@@ -61,13 +69,21 @@ def _run_step(backend, pool, expected_pool, meta, device):
         k_ref, v_ref = expected_pool[:, layer, 0], expected_pool[:, layer, 1]
         store_kv_reference(k, v, k_ref, v_ref, meta.slot_mapping)
         expected = paged_attention_reference(
-            q, k_ref, v_ref, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale
+            q,
+            k_ref,
+            v_ref,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            sliding_window=meta.sliding_window,
         )
         torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
         assert torch.equal(pool, expected_pool)
 
 
-def test_mixed_steps_then_pure_decode(device):
+@pytest.mark.parametrize("windows", [(None, None), (None, 20)])
+def test_mixed_steps_then_pure_decode(windows, device):
     pool = torch.zeros(SPEC.pool_shape(160), device=device)
     expected_pool = pool.clone()
     backend = TritonAttentionBackend()
@@ -76,16 +92,14 @@ def test_mixed_steps_then_pure_decode(device):
     tables = [list(range(1, 80)), [90, 91], [100, 101, 102]]
 
     # Step 1: first chunk of 0, whole prompt of 1, nothing cached yet for 2 (prompt of 40).
-    _run_step(
-        backend, pool, expected_pool, _metadata(tables, [0, 0, 0], [24, 9, 40], device), device
-    )
+    meta = _metadata(tables, [0, 0, 0], [24, 9, 40], device)
+    _run_step(backend, pool, expected_pool, meta, device, windows)
     # Step 2: a chunk of 0 over its 24 cached tokens, decode of 1 and 2, two padding rows.
     meta = _metadata(tables, [24, 9, 40], [30, 1, 1], device, num_padding_rows=2)
-    _run_step(backend, pool, expected_pool, meta, device)
+    _run_step(backend, pool, expected_pool, meta, device, windows)
     # Step 3: pure decode.
-    _run_step(
-        backend, pool, expected_pool, _metadata(tables, [54, 10, 41], [1, 1, 1], device), device
-    )
+    meta = _metadata(tables, [54, 10, 41], [1, 1, 1], device)
+    _run_step(backend, pool, expected_pool, meta, device, windows)
 
 
 def test_pure_decode_long_context_uses_split_kv(device, monkeypatch):
@@ -104,5 +118,8 @@ def test_pure_decode_long_context_uses_split_kv(device, monkeypatch):
     meta = _metadata(tables, [1099, 700], [1, 1], device)
 
     _run_step(backend, pool, expected_pool, meta, device)
+    # Layer 1 with a 600-token window: splits by the visible length (600 // 512 = 1).
+    _run_step(backend, pool, expected_pool, meta, device, windows=(None, 600))
 
-    assert calls == [2, 2]  # both layers; min(32, ceil(4 * 132 / 4), 1100 // 512)
+    # Both layers: min(32, ceil(4 * 132 / 4), 1100 // 512); then 1100 and min(1100, 600).
+    assert calls == [2, 2, 2, 1]
