@@ -277,6 +277,10 @@ def paged_decode_attention(
         TILE_N=tile_n,
         NUM_SPLITS=num_splits,
         DOT_PRECISION=precision,
+        # fp32 (the exactness path) keeps K/V tiles out of a multi-stage shared-memory pipeline:
+        # 3 stages of fp32 K and V tiles would not fit; speed is not what fp32 is run for.
+        num_stages=1 if q.dtype == torch.float32 else 3,
+        num_warps=4,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -232,5 +232,9 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         TILE_N=tile_n,
         DOT_PRECISION=precision,
+        # fp32 (the exactness path) keeps K/V tiles out of a multi-stage shared-memory pipeline:
+        # 3 stages of fp32 K and V tiles would not fit; speed is not what fp32 is run for.
+        num_stages=1 if q.dtype == torch.float32 else 3,
+        num_warps=4,
     )
     return out
