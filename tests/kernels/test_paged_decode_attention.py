@@ -37,6 +37,7 @@ def _reference(q, k_cache, v_cache, block_tables, seq_lens, scale):
         (8, 1, 64, 32, 1),  # MQA
         (6, 2, 32, 32, 1),  # group of 3 (not a power of 2)
         (4, 2, 48, 16, 1),  # head_dim not a power of 2
+        (4, 2, 16, 16, 1),  # the engine's tiny test models (hidden 64, 4 heads)
         (8, 2, 128, 32, 3),  # split-KV
         (4, 1, 64, 16, 4),  # split-KV, MQA
         (4, 4, 32, 16, 8),  # more splits than a short sequence needs: empty splits

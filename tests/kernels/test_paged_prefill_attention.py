@@ -45,6 +45,7 @@ def _mixed_case(
         (4, 1, 64, 16, 16),  # MQA, small tiles: chunks span several query tiles
         (6, 2, 32, 16, 16),  # group of 3: rows per tile not a multiple of the group
         (4, 2, 48, 32, 64),  # head_dim not a power of 2
+        (4, 2, 16, 16, 64),  # the engine's tiny test models (hidden 64, 4 heads)
     ],
 )
 def test_mixed_batch_matches_reference(
