@@ -5,6 +5,8 @@
 Sections (model shape from flags; defaults are Llama-3-8B's attention: 32 query heads, 8 KV
 heads, head_dim 128, block size 16, bf16):
 
+- decode sweep: GB/s of the decode kernel over tile sizes x warps at two points, to check the
+  defaults (64 tokens per tile, 4 warps).
 - decode: ``paged_decode_attention`` (split-KV by the engine's heuristic, and unsplit) vs
   gather + SDPA (the paged cache gathered into a dense tensor, then
   ``scaled_dot_product_attention``) and SDPA on an already dense cache (no paging: a floor a
@@ -25,6 +27,8 @@ interpreter to check the script itself; its numbers mean nothing).
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import os
 import sys
 import time
@@ -70,10 +74,15 @@ class Bench:
         return False
 
     def time_ms(self, fn: Callable[[], object]) -> float:
+        """Median milliseconds; NaN (printed "nan") when the call runs out of GPU memory."""
         if self.device.type == "cuda":
             import triton.testing
 
-            return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+            try:
+                return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                return math.nan
         fn()  # --smoke-on-cpu: one warm call, one timed call
         start = time.perf_counter()
         fn()
@@ -215,6 +224,76 @@ def bench_decode(
         rows,
     )
     del pool
+
+
+def bench_decode_sweep(
+    bench: Bench,
+    shape: Shape,
+    configs: list[tuple[int, int]],
+    tile_ns: list[int],
+    warps: list[int],
+) -> None:
+    """Decode tile size x warps at a few (batch, context) points, to check the defaults."""
+    from kernels.paged_decode_attention import default_num_splits, paged_decode_attention
+
+    device = bench.device
+    num_sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 132
+    )
+    scale = shape.head_dim**-0.5
+    rows = []
+    for batch, context in configs:
+        if bench.out_of_time():
+            continue
+        num_blocks = batch * (-(-context // shape.block_size)) + 1
+        pool = torch.randn(
+            num_blocks,
+            1,
+            2,
+            shape.block_size,
+            shape.num_kv_heads,
+            shape.head_dim,
+            device=device,
+            dtype=shape.dtype,
+        )
+        k_cache, v_cache = pool[:, 0, 0], pool[:, 0, 1]
+        perm = torch.randperm(num_blocks, device=device)
+        block_tables = _paged_setup(shape, batch, context, pool, perm)
+        seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        q = torch.randn(batch, shape.num_heads, shape.head_dim, device=device, dtype=shape.dtype)
+        out = torch.empty_like(q)
+        splits = default_num_splits(batch, shape.num_kv_heads, context, num_sms)
+        kv_bytes = batch * context * shape.kv_bytes_per_token
+        cells = []
+        for tile_n in tile_ns:
+            for num_warps in warps:
+                if tile_n % shape.block_size:
+                    cells.append("-")
+                    continue
+
+                fn = functools.partial(
+                    paged_decode_attention,
+                    q,
+                    k_cache,
+                    v_cache,
+                    block_tables,
+                    seq_lens,
+                    scale,
+                    splits,
+                    out=out,
+                    tile_n=tile_n,
+                    num_warps=num_warps,
+                )
+                cells.append(f"{bench.gbps(kv_bytes, bench.time_ms(fn)):.0f}")
+        rows.append([str(batch), str(context), str(splits), *cells])
+        del pool
+    _table(
+        "decode tile sweep: GB/s by TILE_N x num_warps (defaults: 64 x 4)",
+        ["batch", "context", "splits"] + [f"{t} x {w}" for t in tile_ns for w in warps],
+        rows,
+    )
 
 
 def bench_prefill(bench: Bench, shape: Shape, configs: list[tuple[int, int, int]]) -> None:
@@ -510,8 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sections",
-        default="decode,prefill,mixed,store",
-        help="comma-separated subset of decode,prefill,mixed,store",
+        default="decode,sweep,prefill,mixed,store",
+        help="comma-separated subset of decode,sweep,prefill,mixed,store",
     )
     parser.add_argument(
         "--smoke-on-cpu",
@@ -526,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         contexts, batches = [64, 128], [1, 2]
         prefill = [(1, 0, 32), (2, 32, 16)]
         mixed = (16, 48, 3)
+        sweep = [(2, 128)]
         tokens, pairs, layers = [4, 16], [2], 2
         shape = Shape(4, 2, 32, args.block_size, _DTYPES["float32"])
     else:
@@ -550,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
             (16, 0, 512),
         ]
         mixed = (2048, 4096, 255)
+        sweep = [(16, 8192), (256, 4096)]
         tokens, pairs, layers = [1, 256, 4096, 16384], [1, 64, 512], args.num_layers
         shape = Shape(
             args.num_heads, args.num_kv_heads, args.head_dim, args.block_size, _DTYPES[args.dtype]
@@ -572,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         if "decode" in sections:
             bench_decode(bench, shape, contexts, batches, args.max_decode_tokens)
+        if "sweep" in sections:
+            bench_decode_sweep(bench, shape, sweep, [32, 64, 128], [4, 8])
         if "prefill" in sections:
             bench_prefill(bench, shape, prefill)
         if "mixed" in sections:

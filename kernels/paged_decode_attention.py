@@ -202,6 +202,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     tile_n: int | None = None,
     sliding_window: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its cached tokens ``0 .. seq_lens[i] - 1``.
 
@@ -210,7 +211,9 @@ def paged_decode_attention(
     ``block_tables``: ``[num_seqs, max_num_blocks]`` int32; ``seq_lens``: ``[num_seqs]`` int32,
     each >= 1. Returns ``out`` (allocated when None) ``[num_seqs, num_heads, head_dim]`` in
     ``q``'s dtype. ``num_splits > 1`` selects the split-KV variant. ``sliding_window``: the
-    query at position ``p`` sees only keys ``p - window + 1 .. p`` (None: all).
+    query at position ``p`` sees only keys ``p - window + 1 .. p`` (None: all). ``tile_n``
+    (tokens per inner iteration, a multiple of the block size; default 64) and ``num_warps``
+    are tuning knobs for the benchmark's sweep.
     """
     assert q.dim() == 3 and k_cache.dim() == 4 and v_cache.shape == k_cache.shape
     num_seqs, num_heads, head_dim = q.shape
@@ -280,7 +283,7 @@ def paged_decode_attention(
         # fp32 (the exactness path) keeps K/V tiles out of a multi-stage shared-memory pipeline:
         # 3 stages of fp32 K and V tiles would not fit; speed is not what fp32 is run for.
         num_stages=1 if q.dtype == torch.float32 else 3,
-        num_warps=4,
+        num_warps=num_warps,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
