@@ -205,7 +205,7 @@ def bench_decode(
                     f"{ms['dense'] / best:.2f}x",
                 ]
             )
-            del k_dense, v_dense
+            del k_dense, v_dense, dense_sdpa  # the closure holds the dense copies too
     _table(
         "decode attention (one token per sequence)",
         [
