@@ -2,12 +2,14 @@
 
     sender = KVSender(spec, kv_pool)                  # one per prefill worker
     transfer = await sender.open(ticket)              # handshake on first use of the endpoint
-    await transfer.push([0, 1, 2], src_block_ids=[7, 8, 9])   # after each prefill chunk
-    await transfer.finish(first_token_id, first_token_logprob) # the last message
+    transfer.push([0, 1, 2], src_block_ids=[7, 8, 9])   # after each chunk: returns a task
+    ...                                                  # next chunk's forward pass
+    await transfer.finish(first_token_id, first_token_logprob)  # waits for the pushes
     # or: await transfer.abort("client went away")
 
-``push`` returns once decode has written the blocks, so the caller may then reuse its source
-blocks; run it as a task to overlap the transfer with the next chunk's compute. Pushes of
+``push`` starts the send and returns a task at once, so the transfer overlaps the next chunk's
+compute; the task ends when decode has written the blocks (then the source blocks may be
+reused). ``finish`` waits for every push, then sends the final message. Pushes of
 different requests to the same decode worker share one connection and interleave chunk by
 chunk.
 """
@@ -51,12 +53,21 @@ class OutgoingTransfer:
         self._bytes = 0
         self.is_done = False
 
-    async def push(self, block_indices: Sequence[int], src_block_ids: Sequence[int]) -> None:
-        """Send blocks ``block_indices`` of the request, read from this worker's pool blocks
-        ``src_block_ids``. Returns when decode has written them. Raises
-        ``TransferRefusedError`` (the reservation is gone, or a block is not expected),
-        ``PeerLostError`` or ``TransferTimeoutError``; the transfer is then over."""
-        await self._send(list(block_indices), list(src_block_ids), is_last=False)
+    def push(
+        self, block_indices: Sequence[int], src_block_ids: Sequence[int]
+    ) -> asyncio.Task[None]:
+        """Start sending blocks ``block_indices`` of the request, read from this worker's pool
+        blocks ``src_block_ids``; returns at once with a task that ends when decode has written
+        them (await it before reusing those source blocks, or let ``finish`` wait for it).
+        Pushes go out in call order. Raises ``ValueError`` at once for indices the reservation
+        does not expect; the task raises ``TransferRefusedError`` (reservation gone, block not
+        expected), ``PeerLostError`` or ``TransferTimeoutError``, and the transfer is then over.
+        Call from the event loop's thread."""
+        indices, src = self._check(block_indices, src_block_ids)
+        task = asyncio.ensure_future(self._send(indices, src, is_last=False))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
 
     async def finish(
         self,
@@ -66,13 +77,19 @@ class OutgoingTransfer:
         src_block_ids: Sequence[int] = (),
     ) -> None:
         """The final message (optionally with the last blocks): waits for this transfer's
-        earlier pushes, then tells decode the first sampled token. Returns when decode has
-        every expected block; raises ``TransferIncompleteError`` if some were never pushed."""
+        earlier pushes (re-raising the first failure), then tells decode the first sampled
+        token. Returns when decode has every expected block; raises
+        ``TransferIncompleteError`` if some were never pushed."""
+        indices, src = self._check(block_indices, src_block_ids)
         if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+            results = await asyncio.gather(*self._pending, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    self._done()
+                    raise result
         await self._send(
-            list(block_indices),
-            list(src_block_ids),
+            indices,
+            src,
             is_last=True,
             first_token_id=first_token_id,
             first_token_logprob=first_token_logprob,
@@ -106,9 +123,21 @@ class OutgoingTransfer:
             pass  # the peer is gone: its lease or peer-loss detection frees the reservation
         # Pushes already on the wire end by themselves (refused, or each one's deadline);
         # cancelling them could cut a frame in half.
-        others = self._pending - {asyncio.current_task()}
-        if others:
-            await asyncio.gather(*others, return_exceptions=True)
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    def _check(
+        self, block_indices: Sequence[int], src_block_ids: Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        if self.is_done:
+            raise KVTransferError(f"transfer of {self.ticket.request_id!r} is already over")
+        if len(block_indices) != len(src_block_ids):
+            raise ValueError("block_indices and src_block_ids differ in length")
+        n = len(self.ticket.block_ids)
+        bad = [i for i in block_indices if not 0 <= i < n or i in self.ticket.cached_blocks]
+        if bad:
+            raise ValueError(f"block indices {bad} are not expected by the reservation")
+        return list(block_indices), list(src_block_ids)
 
     async def _send(
         self,
@@ -120,12 +149,6 @@ class OutgoingTransfer:
     ) -> None:
         if self.is_done:
             raise KVTransferError(f"transfer of {self.ticket.request_id!r} is already over")
-        if len(block_indices) != len(src_block_ids):
-            raise ValueError("block_indices and src_block_ids differ in length")
-        n = len(self.ticket.block_ids)
-        bad = [i for i in block_indices if not 0 <= i < n or i in self.ticket.cached_blocks]
-        if bad:
-            raise ValueError(f"block indices {bad} are not expected by the reservation")
         dst = [self.ticket.block_ids[i] for i in block_indices]
         runs = segment_runs(src_block_ids, dst)
         pool = self._sender.pool
@@ -148,16 +171,11 @@ class OutgoingTransfer:
                 first_token_logprob=first_token_logprob,
             )
         )
-        task = asyncio.current_task()
-        assert task is not None
-        self._pending.add(task)
         try:
             await self._call(frame, payload)
         except BaseException:
             self._done()
             raise
-        finally:
-            self._pending.discard(task)
         self._sent.update(block_indices)
         self._bytes += num_bytes
         self._sender.metrics.record_blocks(len(block_indices), num_bytes)
