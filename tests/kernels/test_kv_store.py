@@ -69,3 +69,11 @@ def test_store_kv_rejects_mismatched_shapes(device):
     k = torch.randn(3, 2, 32, device=device)
     with pytest.raises(AssertionError):
         store_kv(k, k, pool[:, 0, 0], pool[:, 0, 1], torch.zeros(3, dtype=torch.long))
+
+
+def test_store_kv_rejects_tensors_on_two_devices(device):
+    pool = _pool(2, 1, 16, 2, 64, torch.float32, device)
+    k = torch.randn(3, 2, 64, device=device)
+    slots = torch.zeros(3, dtype=torch.long, device="meta")
+    with pytest.raises(AssertionError, match="one kernel launch"):
+        store_kv(k, k, pool[:, 0, 0], pool[:, 0, 1], slots)
