@@ -72,6 +72,10 @@ class TritonAttentionBackend:
                 num_splits,
                 sliding_window=window,
             )
+        # 64-row query tiles for real chunks; 16 when every request brings only a few tokens
+        # (rows = new tokens x query heads per KV head), so decode rows waste less of a tile.
+        queries_per_kv = q.shape[1] // k_cache.shape[2]
+        block_m = 16 if meta.max_query_len * queries_per_kv <= 16 else 64
         return paged_prefill_attention(
             q,
             k_cache,
@@ -80,6 +84,7 @@ class TritonAttentionBackend:
             meta.query_start_loc,
             meta.seq_lens,
             scale,
+            block_m=block_m,
             sliding_window=window,
         )
 

@@ -102,6 +102,16 @@ def test_mixed_steps_then_pure_decode(windows, device):
     _run_step(backend, pool, expected_pool, meta, device, windows)
 
 
+def test_decodes_with_padding_rows_take_the_unified_kernel(device):
+    # Pure decode plus padding rows (a padded batch): small query tiles of the prefill kernel.
+    pool = torch.randn(SPEC.pool_shape(20), device=device)
+    expected_pool = pool.clone()
+    tables = [[3, 4, 5], [7], [11, 12]]
+    meta = _metadata(tables, [40, 2, 17], [1, 1, 1], device, num_padding_rows=3)
+
+    _run_step(TritonAttentionBackend(), pool, expected_pool, meta, device, windows=(None, 8))
+
+
 def test_pure_decode_long_context_uses_split_kv(device, monkeypatch):
     # 2 sequences x 2 KV heads leave the GPU mostly idle: split-KV kicks in for 1100 tokens.
     calls = []
