@@ -9,8 +9,11 @@ Per layer, ``forward`` makes two launches:
    - any other step (prefill chunks, alone or mixed with decodes) runs the variable-length
      ``paged_prefill_attention`` over the whole flat batch in one launch.
 
-It runs on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` is set before the first
-kernel launch (slow; for tests on tiny models).
+``meta.sliding_window`` (set per layer) limits both to the last ``window`` positions.
+
+It runs on CUDA tensors, or on CPU tensors in Triton's interpreter (slow; for tests on tiny
+models), which needs ``TRITON_INTERPRET=1`` before ``triton`` is first imported: ``kernels``
+sets it itself on a host without CUDA when it is the first to import triton.
 """
 
 from __future__ import annotations
