@@ -6,8 +6,8 @@ standard library (``tl.zeros``, ``tl.sum``, ``tl.cdiv``, ...) is decorated when 
 first imported. So the variable must be set before the first ``import triton`` in the process;
 setting it later gives interpreted kernels calling compiled helpers, which fails.
 
-This module sets it at import, before importing triton (``import torch`` does not import
-triton). pytest imports it during collection, before any test runs, and every pytest-xdist
+This module sets it at import, before importing torch or triton (neither has been imported
+by it yet). pytest imports it during collection, before any test runs, and every pytest-xdist
 worker is a fresh process that imports it again. What it cannot control is a test module of
 another folder, collected earlier, importing triton first: for that, ``kernels/__init__.py``
 sets the same default itself on hosts without CUDA when it is the first to import triton, and
@@ -18,12 +18,14 @@ moot.) ``TRITON_INTERPRET=0`` on a machine with CUDA runs the same tests compile
 
 import os
 
-import torch
-
-if not (os.environ.get("TRITON_INTERPRET", "").strip() == "0" and torch.cuda.is_available()):
-    os.environ["TRITON_INTERPRET"] = "1"
+if os.environ.get("TRITON_INTERPRET", "").strip() != "0":
+    os.environ["TRITON_INTERPRET"] = "1"  # before torch, triton or kernels are imported from here
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # "0" asks for the GPU; without one, interpret anyway
 
 from kernels._common import interpreter_active
 
