@@ -92,6 +92,12 @@ class Bench:
         return num_bytes / (ms * 1e-3) / 1e9
 
 
+def _max_err(got: object, expected: object) -> str:
+    """Largest absolute difference, as a table cell: a GPU-only miscompile shows up here."""
+    assert isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
+    return f"{(got.float() - expected.float()).abs().max().item():.1e}"
+
+
 def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
     print(f"\n### {title}\n")
     print("| " + " | ".join(header) + " |")
@@ -181,6 +187,11 @@ def bench_decode(
                     q.unsqueeze(2), k, v, scale=scale, enable_gqa=True
                 )
 
+            expected = dense_sdpa().squeeze(2)  # type: ignore[attr-defined]
+            err = max(
+                float(_max_err(triton_split(), expected)),
+                float(_max_err(triton_nosplit(), expected)),
+            )
             kv_bytes = batch * context * shape.kv_bytes_per_token
             ms = {
                 "split": bench.time_ms(triton_split),
@@ -203,6 +214,7 @@ def bench_decode(
                     f"{100 * gbps / bench.peak_gbps:.0f}%",
                     f"{ms['gather'] / ms['split']:.1f}x",
                     f"{ms['dense'] / best:.2f}x",
+                    f"{err:.1e}",
                 ]
             )
             del k_dense, v_dense, dense_sdpa  # the closure holds the dense copies too
@@ -220,6 +232,7 @@ def bench_decode(
             "% peak",
             "vs gather+SDPA",
             "vs dense SDPA",
+            "max err",
         ],
         rows,
     )
@@ -361,6 +374,9 @@ def bench_prefill(bench: Bench, shape: Shape, configs: list[tuple[int, int, int]
 
         pairs = num_seqs * (chunk * context + chunk * (chunk + 1) // 2)
         flops = 4 * pairs * shape.num_heads * shape.head_dim
+        reference = gather_sdpa()  # [seqs, heads, chunk, dim]
+        assert isinstance(reference, torch.Tensor)
+        err = _max_err(triton_fn(), reference.transpose(1, 2).reshape(q.shape))
         ms_t, ms_g = bench.time_ms(triton_fn), bench.time_ms(gather_sdpa)
         rows.append(
             [
@@ -372,6 +388,7 @@ def bench_prefill(bench: Bench, shape: Shape, configs: list[tuple[int, int, int]
                 f"{flops / (ms_t * 1e-3) / 1e12:.0f}",
                 f"{flops / (ms_g * 1e-3) / 1e12:.0f}",
                 f"{ms_g / ms_t:.1f}x",
+                err,
             ]
         )
         del pool
@@ -386,6 +403,7 @@ def bench_prefill(bench: Bench, shape: Shape, configs: list[tuple[int, int, int]
             "triton TFLOP/s",
             "SDPA TFLOP/s",
             "speedup",
+            "max err",
         ],
         rows,
     )
@@ -456,11 +474,16 @@ def bench_mixed(bench: Bench, shape: Shape, chunk: int, context: int, num_decode
             out=out[chunk:],
         )
 
+    unified_out = unified()
+    assert isinstance(unified_out, torch.Tensor)
+    unified_out = unified_out.clone()
+    two_launches()
+    err = _max_err(unified_out, out)
     ms_u, ms_s = bench.time_ms(unified), bench.time_ms(two_launches)
     _table(
         f"mixed step: 1 chunk of {chunk} over {context} + {num_decodes} decodes at {context}",
-        ["unified launch us", "prefill + decode launches us", "unified / two"],
-        [[f"{ms_u * 1e3:.0f}", f"{ms_s * 1e3:.0f}", f"{ms_u / ms_s:.2f}"]],
+        ["unified launch us", "prefill + decode launches us", "unified / two", "max diff"],
+        [[f"{ms_u * 1e3:.0f}", f"{ms_s * 1e3:.0f}", f"{ms_u / ms_s:.2f}", err]],
     )
     del pool
 
@@ -504,6 +527,9 @@ def bench_store_and_copy(
             return None
 
         moved = 2 * n * shape.kv_bytes_per_token  # read k, v and write them
+        triton_fn()
+        blk, off = slots // shape.block_size, slots % shape.block_size
+        exact = bool(torch.equal(k_cache[blk, off], k) and torch.equal(v_cache[blk, off], v))
         ms_t, ms_b = bench.time_ms(triton_fn), bench.time_ms(torch_fn)
         rows.append(
             [
@@ -512,11 +538,12 @@ def bench_store_and_copy(
                 f"{ms_b * 1e3:.1f}",
                 f"{bench.gbps(moved, ms_t):.0f}",
                 f"{ms_b / ms_t:.1f}x",
+                "yes" if exact else "NO",
             ]
         )
     _table(
         "kv store (one layer)",
-        ["tokens", "triton us", "index_put us", "triton GB/s", "speedup"],
+        ["tokens", "triton us", "index_put us", "triton GB/s", "speedup", "exact"],
         rows,
     )
     del pool
@@ -524,7 +551,7 @@ def bench_store_and_copy(
     # Block copy over a whole block-major pool: a block holds every layer's K and V.
     block_shape = (num_layers, 2, shape.block_size, shape.num_kv_heads, shape.head_dim)
     max_pairs = max(pair_counts)
-    block_pool = torch.empty(2 * max_pairs, *block_shape, device=device, dtype=shape.dtype)
+    block_pool = torch.randn(2 * max_pairs, *block_shape, device=device, dtype=shape.dtype)
     block_bytes = block_pool[0].numel() * block_pool.element_size()
     rows = []
     for n in pair_counts:
@@ -541,6 +568,8 @@ def bench_store_and_copy(
             block_pool.index_copy_(0, dst, block_pool.index_select(0, src))
             return None
 
+        triton_copy()
+        exact = bool(torch.equal(block_pool[dst], block_pool[src]))
         ms_t, ms_b = bench.time_ms(triton_copy), bench.time_ms(torch_copy)
         rows.append(
             [
@@ -550,11 +579,20 @@ def bench_store_and_copy(
                 f"{ms_b * 1e3:.0f}",
                 f"{bench.gbps(2 * n * block_bytes, ms_t):.0f}",
                 f"{ms_b / ms_t:.1f}x",
+                "yes" if exact else "NO",
             ]
         )
     _table(
         "block copy (copy-on-write within a pool)",
-        ["pairs", "MiB/block", "triton us", "index_select+copy us", "triton GB/s", "speedup"],
+        [
+            "pairs",
+            "MiB/block",
+            "triton us",
+            "index_select+copy us",
+            "triton GB/s",
+            "speedup",
+            "exact",
+        ],
         rows,
     )
 
