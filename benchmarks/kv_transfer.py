@@ -14,7 +14,8 @@ A transfer's time runs from ``open`` to the decode side's answer to the final me
 includes the handshake check, every ack and the completion bookkeeping. GB/s = 1e9 bytes/s;
 each cell is the median of the repeats. Baselines: ``memcpy`` = numpy copy between two buffers
 in this process; ``socket`` = blocking ``sendall``/``recv_into`` of the same bytes over
-loopback TCP to another process, timed to its 1-byte reply.
+loopback TCP to another process (same socket options as the TCP transport), timed to its 1-byte
+reply. On a shared machine the figures move a lot between runs: compare columns of one run.
 """
 
 from __future__ import annotations
@@ -180,13 +181,20 @@ def _memcpy(num_bytes: int, repeats: int) -> list[float]:
     return times
 
 
+def _tune(sock: socket.socket) -> None:
+    # The same options as the TCP transport, so the baseline is a fair one.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+
+
 def _socket_sink(port_conn: Any, num_bytes: int, repeats: int) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     port_conn.send(listener.getsockname()[1])
     sock, _ = listener.accept()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _tune(sock)
     view = memoryview(bytearray(num_bytes))
     for _ in range(repeats):
         got = 0
@@ -203,7 +211,7 @@ def _raw_socket(num_bytes: int, repeats: int) -> list[float]:
     process.start()
     port = conn.recv()
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _tune(sock)
     data = np.random.default_rng(0).integers(0, 255, num_bytes, dtype=np.uint8)
     times = []
     for _ in range(repeats):

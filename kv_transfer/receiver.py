@@ -227,8 +227,10 @@ class ReceiverBase:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
-        await self._close_transport()
+        # Release first (reason CLOSED): writes still in flight are then cut by the transport
+        # closing, and each release completes when its last write has stopped.
         self.core.table.release_all(ReleaseReason.CLOSED)
+        await self._close_transport()
 
     # -- for transports -----------------------------------------------------------------------
 

@@ -193,6 +193,8 @@ def test_abort_mid_transfer_from_either_side_frees_both(decode, src_pool, aio):
         with pytest.raises(TransferRefusedError) as refused:
             await transfer.push([2, 3], [2, 3])
         assert refused.value.status == "KV_STATUS_UNKNOWN_RESERVATION"
+        with pytest.raises(TransferRefusedError):
+            await transfer.renew()
         state = await assert_all_free(decode, sender)
         assert state["metrics"].refused_writes.get("KV_STATUS_UNKNOWN_RESERVATION", 0) >= 1
         await decode.call("write_sentinel", list(range(64)))
@@ -206,6 +208,7 @@ def test_lease_expiry_frees_both_sides(decode, src_pool, aio):
         sender = KVSender(SPEC, src_pool)
         ticket = await reserve(decode, "lease", 4, lease_s=0.3)
         transfer = await sender.open(ticket)
+        await transfer.renew()  # a live reservation renews fine
         await transfer.push([0], [0])
         start = time.monotonic()
         assert (await decode.call("wait", "lease", 10.0))[0] == "expired"
