@@ -10,11 +10,11 @@ This module sets it at import, before importing torch or triton (neither has bee
 by it yet). pytest imports it during collection, before any test runs, and every pytest-xdist
 worker is a fresh process that imports it again. What it cannot control is a test module of
 another folder, collected earlier, importing triton first (``import transformers`` does, for
-one): for that, ``kernels/__init__.py``
-sets the same default itself on hosts without CUDA when it is the first to import triton, and
-the ``device`` fixture below checks which mode triton actually started in and says what to do
-if it is the wrong one. (A root ``tests/conftest.py`` setting the variable would make this
-moot.) ``TRITON_INTERPRET=0`` on a machine with CUDA runs the same tests compiled, on the GPU.
+one): for that, ``kernels/__init__.py`` sets the same default itself on hosts without CUDA
+when it is the first to import triton, and the ``device`` fixture below checks which mode
+triton actually started in and says what to do if it is the wrong one. (A root
+``tests/conftest.py`` setting the variable would make this moot.) ``TRITON_INTERPRET=0`` on a
+machine with CUDA runs the same tests compiled, on the GPU.
 """
 
 import os
