@@ -305,7 +305,7 @@ def test_killed_prefill_is_detected_within_the_lease(transport, aio):
             elapsed = time.monotonic() - start
             # TCP sees the connection drop at once; UCX (no error handling) at the lease.
             assert outcome[0] in ("peer_lost", "expired"), outcome
-            assert elapsed < lease_s + 1.0, elapsed
+            assert elapsed < lease_s + 2.0, elapsed  # slack for a loaded 2-core CI machine
             await assert_all_free(decode)
             await asyncio.to_thread(prefill.process.join, 10)
 
