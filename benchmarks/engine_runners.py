@@ -45,6 +45,32 @@ def _cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def _tree_cpu_jiffies() -> int:
+    """CPU jiffies (user + system) of this process and all its descendants alive now (vLLM's
+    engine-core and worker processes included)."""
+    parent_of: dict[int, int] = {}
+    cpu_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        parent_of[int(entry)] = int(fields[1])
+        cpu_of[int(entry)] = int(fields[11]) + int(fields[12])  # utime + stime
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parent_of.items():
+            if parent == pid and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(cpu_of.get(pid, 0) for pid in tree)
+
+
 # ---------------------------------------------------------------------------------------------
 # pdserve
 
@@ -257,22 +283,24 @@ def run_engine(engine: str, spec: dict[str, Any]) -> dict[str, Any]:
     outputs: list[list[int]] = []
     for _ in range(int(spec["repeats"])):
         busy0, total0 = _cpu_jiffies()
-        cpu0 = time.process_time()
+        own0 = _tree_cpu_jiffies()
         t0 = time.perf_counter()
         outputs = run(requests)
         wall_s = time.perf_counter() - t0
-        cpu_s = time.process_time() - cpu0
+        own1 = _tree_cpu_jiffies()
         busy1, total1 = _cpu_jiffies()
         num_output = sum(len(o) for o in outputs)
+        total = max(1, total1 - total0)
         passes.append(
             {
                 "wall_s": wall_s,
                 "num_output_tokens": num_output,
                 "output_tok_per_s": num_output / wall_s,
-                # Busy share of all cores while this pass ran (other machine users included).
-                "system_cpu_busy": (busy1 - busy0) / max(1, total1 - total0),
-                # CPU seconds of this process (vLLM's engine core is a child process: not here).
-                "process_cpu_s": cpu_s,
+                # Shares of all cores' time while this pass ran: busy (everyone), this engine's
+                # processes, and everyone else's (the load other jobs put on the machine).
+                "system_cpu_busy": (busy1 - busy0) / total,
+                "engine_cpu_share": (own1 - own0) / total,
+                "others_cpu_share": max(0, (busy1 - busy0) - (own1 - own0)) / total,
                 "loadavg_1m_after": os.getloadavg()[0],
             }
         )
