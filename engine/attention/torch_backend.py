@@ -80,6 +80,8 @@ class TorchAttentionBackend:
     def _mask(
         q_len: int, seq_len: int, window: int | None, device: torch.device
     ) -> torch.Tensor | None:
+        if q_len == 1:
+            return None  # decode rows slice the window instead of masking
         ctx = seq_len - q_len
         if window is None or seq_len <= window:
             if q_len == 1 or ctx == 0:
@@ -110,19 +112,29 @@ class TorchAttentionBackend:
         v_cache[self._store_blocks, self._store_offsets] = v_new
 
         num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-        gqa = num_heads != num_kv_heads
+        group = num_heads // num_kv_heads
+        window = meta.sliding_window
         out = torch.empty_like(q)
         for p, (mask, is_causal) in zip(self._plan, masks, strict=True):
-            keys = k_cache[p.block_ids].view(-1, num_kv_heads, head_dim)[: p.seq_len]
-            values = v_cache[p.block_ids].view(-1, num_kv_heads, head_dim)[: p.seq_len]
+            keys = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)
+            values = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)
+            if p.q_len == 1:
+                # Decode: two small GEMMs beat SDPA's per-call overhead for one query row.
+                start = max(0, p.seq_len - window) if window is not None else 0
+                keys, values = keys[start : p.seq_len], values[start : p.seq_len]
+                qh = q[p.q_start].view(num_kv_heads, group, head_dim)
+                scores = torch.matmul(qh, keys.permute(1, 2, 0)).mul_(scale)
+                o = torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1))
+                out[p.q_start] = o.view(num_heads, head_dim)
+                continue
             o = F.scaled_dot_product_attention(
                 q[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0),
-                keys.transpose(0, 1).unsqueeze(0),
-                values.transpose(0, 1).unsqueeze(0),
+                keys[: p.seq_len].transpose(0, 1).unsqueeze(0),
+                values[: p.seq_len].transpose(0, 1).unsqueeze(0),
                 attn_mask=mask,
                 is_causal=is_causal,
                 scale=scale,
-                enable_gqa=gqa,
+                enable_gqa=group > 1,
             )
             out[p.q_start : p.q_end] = o[0].transpose(0, 1)
         return out

@@ -176,3 +176,17 @@ def test_llama3_rope_scaling(model_factory) -> None:  # type: ignore[no-untyped-
     submit(engine, prompts, [20, 20, 20])
     outs = run_to_completion(engine)
     check_against_hf(folder, prompts, [20, 20, 20], outs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_triton_backend_matches_hf(model_factory, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """The GPU attention path (Triton kernels, here under the CPU interpreter) is exact too."""
+    pytest.importorskip("triton")
+    folder = model_factory(arch, **TINY_ARCHS[arch])
+    engine = make_engine(folder, attention_backend="triton", max_num_batched_tokens=16)
+    prompts = random_prompts(3, engine.model_config.vocab_size, 10, 30, seed=12)
+    lengths = [6, 10, 4]
+    submit(engine, prompts, lengths)
+    outs = run_to_completion(engine)
+    check_against_hf(folder, prompts, lengths, outs)
+    assert_pool_free(engine)
