@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Triton kernels run under Triton's CPU interpreter when there is no GPU. Triton reads this
 # when it is first imported (transformers imports it), so it must be set before anything else.
-import torch  # noqa: E402
+import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
