@@ -24,12 +24,13 @@ from engine.kv_cache_spec import KVCacheSpec
 from engine.model_config import load_model_config
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import PrefillProgress, RemotePrefillReservation, RequestMetrics, RequestOutput
 from engine.request import Request, RequestStatus
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_config import SchedulerConfig
+from engine.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ class LLMEngine:
         self.backend = get_attention_backend(self.device, config.attention_backend)
         self.runner = ModelRunner(mc, self.model, self.kv_cache, self.backend, self.device)
         self._tracked: dict[str, _Tracked] = {}
+        self._remote: dict[str, _Tracked] = {}  # decode role: reserved, KV still arriving
+        self._exporting: set[str] = set()  # prefill role: requests whose KV is shipped out
+        self._progress: list[PrefillProgress] = []
         self._ids = itertools.count()
         self.num_steps = 0
         logger.info(
@@ -141,13 +145,38 @@ class LLMEngine:
         prompt_token_ids: Sequence[int] | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        export_kv: bool = False,
     ) -> Request:
         """Validate and queue a request. Raises ValueError naming the problem; the engine's
-        state is unchanged on error."""
+        state is unchanged on error.
+
+        ``export_kv`` (prefill role): report the request's computed blocks after every step
+        (``take_prefill_progress``) and keep its blocks after it finishes until
+        ``release_kv(request_id)``, so a transfer can read them.
+        """
+        request, tracked = self._build_request(
+            request_id, prompt, sampling_params, prompt_token_ids, priority, arrival_time
+        )
+        request.hold_blocks_on_finish = export_kv
+        self.scheduler.add_request(request)
+        self._tracked[request_id] = tracked
+        if export_kv:
+            self._exporting.add(request_id)
+        return request
+
+    def _build_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        sampling_params: SamplingParams | None,
+        prompt_token_ids: Sequence[int] | None,
+        priority: int,
+        arrival_time: float | None,
+    ) -> tuple[Request, _Tracked]:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
-        if request_id in self._tracked:
+        if request_id in self._tracked or request_id in self._remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
             if prompt is None:
@@ -195,19 +224,92 @@ class LLMEngine:
             )
         elif params.stop:
             raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
-        self.scheduler.add_request(request)
-        self._tracked[request_id] = _Tracked(
-            request, prompt, detok, [] if params.logprobs is not None else None
-        )
-        return request
+        tracked = _Tracked(request, prompt, detok, [] if params.logprobs is not None else None)
+        return request, tracked
 
     def abort_request(self, request_id: str) -> bool:
-        """Stop a request and free its blocks. Idempotent; False if it was not running."""
+        """Stop a request and free its blocks (including blocks held for a KV export or
+        reserved for a remote prefill). Idempotent; False if the engine did not know it."""
+        known = False
+        remote = self._remote.pop(request_id, None)
+        if remote is not None:
+            self.block_manager.free(request_id)
+            known = True
         tracked = self._tracked.pop(request_id, None)
+        if tracked is not None:
+            self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+            known = True
+        self._exporting.discard(request_id)
+        if self.scheduler.release_held(request_id):
+            known = True
+        return known
+
+    # ------------------------------------------------------- disaggregated roles
+    def reserve_remote_prefill(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> RemotePrefillReservation | None:
+        """Decode role: allocate blocks for a prompt another worker will prefill.
+
+        Blocks whose prefix this engine already caches are reused and reported in
+        ``cached_blocks`` (the prefill side skips them). Returns ``None`` (nothing changed)
+        when the pool has no room now. Raises ValueError for a bad request. The caller must
+        end the reservation with ``admit_remote_prefill`` or ``abort_request``.
+        """
+        request, tracked = self._build_request(
+            request_id, prompt, sampling_params, prompt_token_ids, priority, arrival_time
+        )
+        hashes = request.update_block_hashes(self.block_manager.block_size)
+        hits = self.block_manager.find_cached_prefix(hashes)
+        if self.block_manager.allocate(request_id, request.num_prompt_tokens, hits) is None:
+            return None
+        request.num_cached_tokens = len(hits) * self.block_manager.block_size
+        self._remote[request_id] = tracked
+        return RemotePrefillReservation(
+            request_id=request_id,
+            block_ids=tuple(self.block_manager.block_table(request_id)),
+            cached_blocks={i: hashes[i] for i in range(len(hits))},
+            num_prompt_tokens=request.num_prompt_tokens,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+        )
+
+    def admit_remote_prefill(
+        self, request_id: str, first_token_id: int, first_token_logprob: float | None = None
+    ) -> RequestOutput:
+        """Decode role: every block of the prompt has arrived; start decoding from the first
+        token the prefill worker sampled. Returns that token's output (maybe final)."""
+        tracked = self._remote.pop(request_id, None)
         if tracked is None:
-            return False
-        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
-        return True
+            raise KeyError(f"no remote-prefill reservation for {request_id!r}")
+        request = tracked.request
+        request.num_computed_tokens = request.num_prompt_tokens
+        request.append_output_token(first_token_id)
+        hashes = request.update_block_hashes(self.block_manager.block_size)
+        self.block_manager.cache_blocks(request_id, hashes, request.num_prompt_tokens)
+        self._tracked[request_id] = tracked
+        tracked.first_scheduled_time = time.monotonic()
+        self.scheduler.add_prefilled(request)
+        status = self.scheduler.check_stop(request, first_token_id)
+        if status is not None:
+            self.scheduler.finish_request(request_id, status, request.stop_reason)
+        token = SampledToken(first_token_id, first_token_logprob)
+        return self._make_output(tracked, token, time.monotonic())
+
+    def take_prefill_progress(self) -> list[PrefillProgress]:
+        """Prefill role: for every ``export_kv`` request computed in the last step, how far
+        its KV is now complete. Drains the list."""
+        progress, self._progress = self._progress, []
+        return progress
+
+    def release_kv(self, request_id: str) -> bool:
+        """Prefill role: the transfer is over; free the finished request's held blocks."""
+        self._exporting.discard(request_id)
+        return self.scheduler.release_held(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -229,6 +331,8 @@ class LLMEngine:
         self.num_steps += 1
         sampled = {rid: tok.token_id for rid, tok in result.sampled.items()}
         updated = self.scheduler.update_from_output(sched_out, sampled)
+        if self._exporting:
+            self._record_progress(sched_out, sampled)
         outputs = []
         now = time.monotonic()
         for request in updated:
@@ -237,6 +341,29 @@ class LLMEngine:
                 continue
             outputs.append(self._make_output(tracked, result.sampled[request.request_id], now))
         return outputs
+
+    def _record_progress(self, sched_out: SchedulerOutput, sampled: dict[str, int]) -> None:
+        for item in sched_out.scheduled:
+            if item.request_id not in self._exporting:
+                continue
+            tracked = self._tracked.get(item.request_id)
+            request = tracked.request if tracked is not None else None
+            if request is None:
+                # Finished this step: it is held, find it there.
+                request = self.scheduler.held.get(item.request_id)
+            if request is None:
+                continue
+            computed = item.num_computed_tokens + item.num_scheduled_tokens
+            self._progress.append(
+                PrefillProgress(
+                    request_id=item.request_id,
+                    num_computed_tokens=computed,
+                    block_ids=tuple(self.block_manager.block_table(item.request_id)),
+                    block_hashes=tuple(request.block_hashes),
+                    is_prompt_done=computed >= request.num_prompt_tokens,
+                    first_token_id=sampled.get(item.request_id),
+                )
+            )
 
     def _make_output(self, t: _Tracked, token: SampledToken, now: float) -> RequestOutput:
         request = t.request

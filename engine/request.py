@@ -42,6 +42,7 @@ class Request:
     priority: int = 0  # lower value = served first (as in vLLM)
     extra_keys: tuple[str, ...] = ()  # mixed into block hashes (e.g. an adapter id)
     max_total_tokens: int = 0  # prompt + output cap from max_model_len, set by the engine
+    hold_blocks_on_finish: bool = False  # prefill role: keep KV until the transfer is done
 
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)

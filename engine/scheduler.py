@@ -16,6 +16,7 @@ No torch here.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,6 +50,8 @@ class Scheduler:
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.ready: deque[Request] = deque()  # prefilled elsewhere, KV already in our blocks
+        self.held: dict[str, Request] = {}  # finished, blocks kept until release_held()
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
         self._preemption = make_preemption_policy(
@@ -74,7 +77,8 @@ class Scheduler:
         if request is None:
             return None
         if request.status == RequestStatus.WAITING:
-            self.waiting.remove(request)
+            if not self.waiting.remove(request):
+                self.ready.remove(request)
         elif request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status == RequestStatus.SWAPPED:
@@ -82,9 +86,31 @@ class Scheduler:
         request.status = status
         if stop_reason is not None:
             request.stop_reason = stop_reason
-        self.block_manager.free(request_id)
+        if request.hold_blocks_on_finish and status != RequestStatus.FINISHED_ABORTED:
+            self.held[request_id] = request
+        else:
+            self.block_manager.free(request_id)
         self._finished_ids.append(request_id)
         return request
+
+    def release_held(self, request_id: str) -> bool:
+        """Free the blocks a finished ``hold_blocks_on_finish`` request kept. Idempotent."""
+        if self.held.pop(request_id, None) is None:
+            return False
+        self.block_manager.free(request_id)
+        return True
+
+    def add_prefilled(self, request: Request) -> None:
+        """Queue a request whose prompt KV is already in its blocks (filled by a remote
+        prefill) and whose first output token is appended; it joins the running batch in the
+        next step that has room, ahead of new admissions."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if not self.block_manager.has_blocks(request.request_id):
+            raise ValueError(f"request {request.request_id!r} holds no blocks")
+        self.requests[request.request_id] = request
+        request.status = RequestStatus.WAITING
+        self.ready.append(request)
 
     @property
     def num_unfinished(self) -> int:
@@ -151,6 +177,23 @@ class Scheduler:
                     scheduled[request.request_id] = num_new
                     budget -= num_new
 
+        # 2b. Requests prefilled elsewhere join next, also before new admissions.
+        if not preempted:
+            while self.ready and len(self.running) < self.config.max_num_seqs:
+                request = self.ready.popleft()
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+                num_new = self._num_tokens_to_schedule(request, budget)
+                if (
+                    num_new
+                    and self.block_manager.allocate(
+                        request.request_id, request.num_computed_tokens + num_new
+                    )
+                    is not None
+                ):
+                    scheduled[request.request_id] = num_new
+                    budget -= num_new
+
         # 3. New (or recompute-preempted) requests.
         if not preempted and not self.swapped:
             while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -197,7 +240,7 @@ class Scheduler:
             if token is None:
                 continue
             updated.append(request)
-            status = self._check_stop(request, token)
+            status = self.check_stop(request, token)
             if status is not None:
                 self.finish_request(request.request_id, status, request.stop_reason)
         return updated
@@ -251,7 +294,8 @@ class Scheduler:
             victim.status = RequestStatus.WAITING
             self.waiting.push_front(victim)
 
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+    def check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        """The finish status ``token`` (just appended) gives the request, if any."""
         params = request.sampling_params
         num_out = request.num_output_tokens
         if num_out >= params.min_tokens:
