@@ -19,6 +19,11 @@ Messages use tags (64 bits)::
 ``sender_id`` is random and odd, so its tags never equal the control tag. A header frame is
 ``u32 length + KVFrame`` in a buffer of at most ``MAX_CONTROL_BYTES``; each payload segment
 (blocks contiguous in both pools) is one tagged message received straight into the pool.
+
+A push is two exchanges: header -> ``KVAck{ready}`` (the receiver checked it and posted one
+receive per segment) -> payload -> final ``KVAck``. Sending the payload only to posted receives
+avoids UCX's unexpected-rendezvous path, which cost ~5 ms per message with thread progress on
+a busy host, and a refused push never sends its payload at all.
 """
 
 from __future__ import annotations
@@ -128,7 +133,7 @@ class UcxReceiver(ReceiverBase):
             self.core.metrics.record_refused("KV_STATUS_UNKNOWN_RESERVATION")
             return
         if kind == "push":
-            answer = await self._push(ep, frame.push, sender_id)
+            answer = await self._push(ep, frame, sender_id)
         elif kind == "renew":
             answer = self.core.renew(frame.renew, sender_id)
         elif kind == "abort":
@@ -162,39 +167,28 @@ class UcxReceiver(ReceiverBase):
         if reply.status != pb.KV_STATUS_OK:
             ep.abort(period=10**8)
 
-    async def _push(self, ep: Any, push: pb.KVPush, sender_id: int) -> pb.KVAck:
+    async def _push(self, ep: Any, frame: pb.KVFrame, sender_id: int) -> pb.KVAck:
+        push = frame.push
         plan = self.core.begin_push(push, sender_id)
         if not isinstance(plan, PushPlan):
-            await self._drain(ep, push)
-            return plan
+            return plan  # the sender has not sent the payload: nothing to drain
         ok = False
         try:
-            await asyncio.gather(
-                *(
-                    ep.recv(span, tag=push.payload_tag + k, force_tag=True)
-                    for k, span in enumerate(plan.spans)
-                )
-            )
+            receives = [
+                asyncio.ensure_future(ep.recv(span, tag=push.payload_tag + k, force_tag=True))
+                for k, span in enumerate(plan.spans)
+            ]
+            await asyncio.sleep(0)  # let each receive task post its tag_recv
+            if receives:
+                ready = pb.KVFrame(seq=frame.seq, ack=pb.KVAck(ready=True))
+                await self._reply(sender_id, ready)
+                await asyncio.gather(*receives)
             ok = True
         except Exception:
             pass  # canceled (peer cut) or failed: the blocks are not counted as received
         finally:
             answer = self.core.end_push(plan, ok)
         return answer
-
-    async def _drain(self, ep: Any, push: pb.KVPush) -> None:
-        # A refused payload is still received (into scratch), or the sender's rendezvous
-        # sends would never complete and the unexpected queue would grow.
-        bpb = self.core.spec.bytes_per_block
-        if not push.segment_blocks or push.payload_bytes != sum(push.segment_blocks) * bpb:
-            return  # malformed: the sender times out and drops the channel
-        scratch = np.empty(max(push.segment_blocks) * bpb, dtype=np.uint8)
-        with contextlib.suppress(Exception):
-            for k, n in enumerate(push.segment_blocks):
-                await asyncio.wait_for(
-                    ep.recv(scratch[: n * bpb], tag=push.payload_tag + k, force_tag=True),
-                    _ACK_TIMEOUT_S,
-                )
 
     async def _reply(self, sender_id: int, frame: pb.KVFrame) -> None:
         ep = self._peers.get(sender_id)
@@ -244,6 +238,14 @@ class UcxChannel:
         try:
             async with asyncio.timeout(timeout):
                 await self._ep.send(_pack(frame), tag=CONTROL_TAG, force_tag=True)
+                if not payload:
+                    return await reply
+                # A push: the receiver checks the header and posts its receives first.
+                ready = await reply
+                if not ready.ack.ready:
+                    return ready  # refused: the payload is never sent
+                reply = self._loop.create_future()
+                self._replies[seq] = reply
                 tag = frame.push.payload_tag
                 await asyncio.gather(
                     *(

@@ -138,14 +138,16 @@ class KVAbort(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class KVAck(_message.Message):
-    __slots__ = ("status", "error", "num_missing_blocks")
+    __slots__ = ("status", "error", "num_missing_blocks", "ready")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NUM_MISSING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     status: KVStatus
     error: str
     num_missing_blocks: int
-    def __init__(self, status: _Optional[_Union[KVStatus, str]] = ..., error: _Optional[str] = ..., num_missing_blocks: _Optional[int] = ...) -> None: ...
+    ready: bool
+    def __init__(self, status: _Optional[_Union[KVStatus, str]] = ..., error: _Optional[str] = ..., num_missing_blocks: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class KVFrame(_message.Message):
     __slots__ = ("seq", "sender_id", "hello", "hello_reply", "push", "renew", "abort", "ack")
