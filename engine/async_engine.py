@@ -72,6 +72,17 @@ class _Add:
 
 
 @dataclass
+class _Attach:
+    """Open a stream for a request that ``start`` puts into the engine (e.g. a request whose
+    KV arrived from a remote prefill); ``start``'s outputs are delivered first."""
+
+    request_id: str
+    start: Callable[[LLMEngine], list[RequestOutput]]
+    stream: _Stream
+    accepted: asyncio.Future[None]
+
+
+@dataclass
 class _Abort:
     request_id: str
 
@@ -83,7 +94,7 @@ class _Call:
     result: asyncio.Future[Any]
 
 
-_Command = _Add | _Abort | _Call
+_Command = _Add | _Attach | _Abort | _Call
 
 
 def error_output(request_id: str, reason: str = "error") -> RequestOutput:
@@ -106,8 +117,13 @@ class AsyncEngine:
     Thread-safe: ``generate``/``abort``/``call`` may be used from any event loop or thread.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(
+        self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None
+    ) -> None:
+        """``on_step(engine)`` runs on the engine thread after every step (the prefill role
+        drains its KV-export progress there); it must be quick and must not raise."""
         self.engine = engine
+        self._on_step = on_step
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._streams: dict[str, _Stream] = {}  # engine thread only
@@ -148,6 +164,31 @@ class AsyncEngine:
             raise  # rejected by add_request: nothing was queued
         except BaseException:
             self.abort(request_id)  # cancelled while the add was in flight
+            raise
+        finished = False
+        try:
+            while not finished:
+                out = await stream.queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    async def attach(
+        self, request_id: str, start: Callable[[LLMEngine], list[RequestOutput]]
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Run ``start(engine)`` on the engine thread (it admits ``request_id`` some other way
+        than ``add_request``) and stream the request's outputs, ``start``'s own first. Errors
+        from ``start`` are raised before anything is yielded. Early exit aborts the request."""
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        accepted: asyncio.Future[None] = loop.create_future()
+        self._submit(_Attach(request_id, start, stream, accepted))
+        try:
+            await accepted
+        except BaseException:
+            self.abort(request_id)
             raise
         finished = False
         try:
@@ -216,6 +257,11 @@ class AsyncEngine:
                 else:
                     self.stats = self._snapshot()  # before delivery: a reader sees this step
                     self._deliver(outputs)
+                    if self._on_step is not None:
+                        try:
+                            self._on_step(engine)
+                        except Exception:
+                            logger.exception("on_step hook failed")
             else:
                 self.stats = self._snapshot()
 
@@ -241,6 +287,23 @@ class AsyncEngine:
             if err is None:
                 self._streams[command.request_id] = command.stream
             _resolve(command.stream.loop, command.accepted, None, err)
+        elif isinstance(command, _Attach):
+            if stopping:
+                _resolve(
+                    command.stream.loop,
+                    command.accepted,
+                    None,
+                    EngineShutdownError("the engine is shut down"),
+                )
+                return
+            try:
+                first = command.start(self.engine)
+            except Exception as e:
+                _resolve(command.stream.loop, command.accepted, None, e)
+                return
+            self._streams[command.request_id] = command.stream
+            _resolve(command.stream.loop, command.accepted, None, None)
+            self._deliver(first)
         elif isinstance(command, _Abort):
             self.engine.abort_request(command.request_id)
             self._streams.pop(command.request_id, None)
