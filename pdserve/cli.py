@@ -86,6 +86,81 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(a: argparse.Namespace) -> int:
+    if not a.colocated:
+        # Router + prefill + decode processes over kv_transfer land with the services.
+        print(
+            "error: disaggregated mode: not available yet; run `pdserve serve --colocated`",
+            file=sys.stderr,
+        )
+        return 2
+    import asyncio
+
+    from engine.engine_config import EngineConfig
+    from router.local_backend import LocalEngineBackend
+    from router.server import ServerOptions, serve_router
+
+    options = ServerOptions(
+        host=a.host,
+        grpc_port=a.grpc_port,
+        http_port=a.http_port,
+        max_queue=a.max_queue,
+        retry_after_s=a.retry_after_s,
+        shutdown_grace_s=a.shutdown_grace_s,
+    )
+    try:
+        if options.max_queue < 1:
+            raise ValueError(f"--max-queue must be at least 1, got {options.max_queue}")
+        config = EngineConfig(model=a.model, **engine_options(a))
+        backend = LocalEngineBackend(config, served_model_name=a.served_model_name)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def ready(grpc_address: str, http_url: str) -> None:
+        print(f"pdserve: serving {backend.model_info().model!r} (colocated)", flush=True)
+        print(f"pdserve: gRPC {grpc_address}", flush=True)
+        print(f"pdserve: HTTP {http_url}", flush=True)
+
+    try:
+        asyncio.run(serve_router(backend, options, ready))
+    except OSError as e:  # a port in use
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("pdserve: stopped", flush=True)
+    return 0
+
+
+def _add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="serve gRPC and OpenAI-compatible HTTP APIs",
+        description="Serve the model over gRPC and OpenAI-compatible HTTP until Ctrl-C/SIGTERM.",
+    )
+    mode = serve.add_argument_group("mode")
+    mode.add_argument(
+        "--colocated",
+        action="store_true",
+        help="one engine in the router process doing prefill and decode "
+        "(without it: router + prefill + decode processes, not available yet)",
+    )
+    api = serve.add_argument_group("router")
+    api.add_argument("--host", default="127.0.0.1", help="address both servers listen on")
+    api.add_argument("--grpc-port", type=int, default=50051, help="0 = any free port")
+    api.add_argument("--http-port", type=int, default=8000, help="0 = any free port")
+    api.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests in flight before new ones get HTTP 429 / RESOURCE_EXHAUSTED",
+    )
+    api.add_argument("--retry-after-s", type=float, default=1.0, help="retry hint when busy")
+    api.add_argument("--served-model-name", default=None, help="default: the model folder name")
+    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    add_engine_args(serve)
+    serve.set_defaults(func=_cmd_serve, scheduling_policy="priority")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
     add_engine_args(gen)
     gen.set_defaults(func=_cmd_generate)
+    _add_serve_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""The public face: gRPC and OpenAI-compatible HTTP over a ``Backend``, with admission control."""

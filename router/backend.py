@@ -1,0 +1,93 @@
+"""What the router needs from whatever serves the model: the ``Backend`` protocol.
+
+One implementation today, ``LocalEngineBackend`` (an engine in the router's process, the
+colocated mode); the disaggregated backend (prefill + decode workers) implements the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One validated request as the router hands it to a backend (exactly one prompt form)."""
+
+    request_id: str
+    sampling_params: SamplingParams
+    prompt: str | None = None
+    prompt_token_ids: Sequence[int] | None = None
+    priority: int = 0  # lower is served first
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the serving side holds right now, summed over every engine behind the backend."""
+
+    num_blocks: int
+    num_free_blocks: int
+    num_running_requests: int
+    num_waiting_requests: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str  # the name clients pass as ``model``
+    architecture: str
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+
+class Backend(Protocol):
+    """The router's only view of the serving side. Every method is called on the router's
+    event loop; implementations must not block it for longer than a tokenizer call."""
+
+    def model_info(self) -> ModelInfo:
+        """Static facts about the served model."""
+        ...
+
+    def load(self) -> Load:
+        """A current snapshot of KV blocks and request counts (cheap: no round trip)."""
+        ...
+
+    def is_healthy(self) -> bool:
+        """False once the backend cannot serve (engine thread gone, workers unreachable)."""
+        ...
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the request's per-step outputs; the last has ``finished`` set.
+
+        Raises ValueError, whose message starts with the offending field's name, before
+        yielding anything when the request is invalid (e.g. the prompt is too long). Closing
+        or cancelling the generator early aborts the request and frees its blocks.
+        """
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request wherever it is. Idempotent; unknown ids are ignored."""
+        ...
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` exactly as a text prompt would be tokenized."""
+        ...
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """The text of each token on its own (for logprobs and Tokenize)."""
+        ...
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt token ids for a chat, from the tokenizer's chat template, with the
+        assistant's generation prompt appended. Raises ValueError("messages ...")."""
+        ...
+
+    async def close(self) -> None:
+        """Abort everything and release the backend's resources. Idempotent."""
+        ...

@@ -1,0 +1,181 @@
+"""The public gRPC server: ``pdserve.v1.GenerationService`` plus grpc.health.v1 and reflection."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from protos.pdserve.v1 import generate_pb2 as pb
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
+from router.errors import ErrorKind, RequestError, invalid_argument
+from router.service import Router
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
+
+_STATUS = {
+    ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: RequestError) -> None:
+    trailers: tuple[tuple[str, str], ...] = ()
+    if e.retry_after_s is not None:
+        trailers = (("retry-after-s", f"{e.retry_after_s:g}"),)
+    await context.abort(_STATUS[e.kind], e.message, trailing_metadata=trailers)
+
+
+def sampling_params_from_proto(sp: pb.SamplingParams) -> SamplingParams:
+    """Unset optional fields take SamplingParams' defaults. Raises ValueError."""
+    return SamplingParams(
+        max_tokens=sp.max_tokens if sp.HasField("max_tokens") else 16,
+        min_tokens=sp.min_tokens,
+        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
+        top_k=sp.top_k,
+        top_p=sp.top_p if sp.HasField("top_p") else 1.0,
+        seed=sp.seed if sp.HasField("seed") else None,
+        stop=tuple(sp.stop),
+        stop_token_ids=tuple(sp.stop_token_ids),
+        ignore_eos=sp.ignore_eos,
+        logprobs=sp.logprobs if sp.HasField("logprobs") else None,
+        include_stop_str_in_output=sp.include_stop_str_in_output,
+        skip_special_tokens=sp.skip_special_tokens if sp.HasField("skip_special_tokens") else True,
+    )
+
+
+def response_from_output(out: RequestOutput) -> pb.GenerateResponse:
+    msg = pb.GenerateResponse(
+        request_id=out.request_id,
+        token_ids=out.new_token_ids,
+        text=out.new_text,
+        finished=out.finished,
+    )
+    for tok in out.new_logprobs or ():
+        msg.logprobs.append(
+            pb.TokenLogprob(
+                token_id=tok.token_id,
+                logprob=tok.logprob or 0.0,
+                top_logprobs=[pb.TopLogprob(token_id=t, logprob=lp) for t, lp in tok.top_logprobs],
+            )
+        )
+    if out.finished:
+        msg.finish_reason = out.finish_reason or ""
+        if isinstance(out.stop_reason, str):
+            msg.stop_str = out.stop_reason
+        elif isinstance(out.stop_reason, int):
+            msg.stop_token_id = out.stop_reason
+        msg.usage.CopyFrom(
+            pb.Usage(
+                prompt_tokens=len(out.prompt_token_ids),
+                completion_tokens=len(out.token_ids),
+                cached_tokens=out.num_cached_tokens,
+            )
+        )
+    return msg
+
+
+class GenerationServicer(pb_grpc.GenerationServiceServicer):
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def Generate(  # gRPC method names are CamelCase
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        router = self.router
+        try:
+            router.check_model(request.model)
+            try:
+                params = sampling_params_from_proto(request.sampling_params)
+            except ValueError as e:
+                raise invalid_argument(e) from None
+            kind = request.WhichOneof("prompt")
+            prompt = request.text if kind == "text" else list(request.token_ids.ids)
+            greq = router.prepare(
+                params,
+                prompt=prompt if kind is not None else None,
+                priority=request.priority,
+                request_id=request.request_id or None,
+            )
+            slot = router.admit()
+        except RequestError as e:
+            await _abort(context, e)
+            return
+        with slot:
+            remaining = context.time_remaining()
+            try:
+                async for out in router.stream(greq, router.deadline(remaining)):
+                    yield response_from_output(out)
+            except RequestError as e:
+                await _abort(context, e)
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        try:
+            self.router.check_model(request.model)
+        except RequestError as e:
+            await _abort(context, e)
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        backend = self.router.backend
+        ids = backend.tokenize(request.text, add_special_tokens=add_special)
+        return pb.TokenizeResponse(token_ids=ids, tokens=backend.token_strings(ids))
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInfo:
+        backend = self.router.backend
+        info = backend.model_info()
+        load = backend.load()
+        admission = self.router.admission
+        return pb.ModelInfo(
+            model=info.model,
+            architecture=info.architecture,
+            dtype=info.dtype,
+            max_model_len=info.max_model_len,
+            vocab_size=info.vocab_size,
+            block_size=info.block_size,
+            eos_token_ids=info.eos_token_ids,
+            load=pb.Load(
+                num_blocks=load.num_blocks,
+                num_free_blocks=load.num_free_blocks,
+                num_running_requests=load.num_running_requests,
+                num_waiting_requests=load.num_waiting_requests,
+                num_inflight_requests=admission.num_inflight,
+                max_inflight_requests=admission.max_inflight,
+            ),
+        )
+
+
+class GrpcServer:
+    """The aio server with the generation, health and reflection services on one port."""
+
+    def __init__(self, router: Router, address: str) -> None:
+        self.server = grpc.aio.server()
+        pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(router), self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot listen for gRPC on {address}")
+
+    async def start(self) -> None:
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float) -> None:
+        """Report NOT_SERVING, then let in-flight calls finish for up to ``grace_s``."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)

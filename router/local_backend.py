@@ -1,0 +1,87 @@
+"""The colocated backend: one ``AsyncEngine`` in the router's own process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.async_engine import AsyncEngine
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from router.backend import GenerateRequest, Load, ModelInfo
+
+
+class LocalEngineBackend:
+    """Implements ``router.backend.Backend`` with an engine thread in this process.
+
+    The engine's tokenizer belongs to the engine thread; the router gets its own copy,
+    used on the event loop for chat templates, Tokenize and logprob token strings.
+    """
+
+    def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        engine = LLMEngine(config)
+        mc = engine.model_config
+        self._engine = AsyncEngine(engine)
+        self._tokenizer: Any = AutoTokenizer.from_pretrained(mc.path)
+        self._info = ModelInfo(
+            model=served_model_name or Path(mc.path).name,
+            architecture=mc.architecture,
+            dtype=mc.dtype_str,
+            max_model_len=engine.max_model_len,
+            vocab_size=mc.vocab_size,
+            block_size=engine.block_manager.block_size,
+            eos_token_ids=tuple(mc.eos_token_ids),
+        )
+
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def load(self) -> Load:
+        s = self._engine.stats
+        return Load(
+            num_blocks=s.num_blocks,
+            num_free_blocks=s.num_free_blocks,
+            num_running_requests=s.num_running + s.num_swapped,
+            num_waiting_requests=s.num_waiting,
+        )
+
+    def is_healthy(self) -> bool:
+        return self._engine.is_running
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        return self._engine.generate(
+            request.request_id,
+            prompt=request.prompt,
+            sampling_params=request.sampling_params,
+            prompt_token_ids=request.prompt_token_ids,
+            priority=request.priority,
+        )
+
+    def abort(self, request_id: str) -> None:
+        self._engine.abort(request_id)
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        return [self._tokenizer.decode([t]) for t in token_ids]
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise ValueError("messages: this model's tokenizer has no chat template")
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as e:  # jinja errors for messages the template cannot render
+            raise ValueError(f"messages: the chat template failed: {e}") from e
+        # The template writes any BOS itself.
+        return self.tokenize(str(text), add_special_tokens=False)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._engine.shutdown)

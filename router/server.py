@@ -1,0 +1,105 @@
+"""Run the router's gRPC and HTTP servers on one event loop until asked to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from router.admission import Admission
+from router.backend import Backend
+from router.grpc_server import GrpcServer
+from router.openai_http import build_app
+from router.service import Router
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051  # 0 = any free port (the chosen one is printed)
+    http_port: int = 8000
+    max_queue: int = 256  # requests in flight through the router before 429/RESOURCE_EXHAUSTED
+    retry_after_s: float = 1.0
+    shutdown_grace_s: float = 5.0
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: ``serve_router`` owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve_router(
+    backend: Backend,
+    options: ServerOptions,
+    on_ready: Callable[[str, str], None] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM, then stop both servers and close the backend.
+
+    ``on_ready(grpc_address, http_url)`` is called once both servers listen.
+    """
+    router = Router(backend, Admission(options.max_queue, options.retry_after_s))
+    grpc_server = GrpcServer(router, _hostport(options.host, options.grpc_port))
+    sock = _listen(options.host, options.http_port)
+    http_port = sock.getsockname()[1]
+    http = _Uvicorn(
+        uvicorn.Config(
+            build_app(router),
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=int(options.shutdown_grace_s),
+        )
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await grpc_server.start()
+    http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    try:
+        while not http.started:
+            if http_task.done():
+                await http_task  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped during startup")
+            await asyncio.sleep(0.01)
+        if on_ready is not None:
+            on_ready(
+                _hostport(options.host, grpc_server.port),
+                f"http://{_hostport(options.host, http_port)}",
+            )
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait({stop_wait, http_task}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+    finally:
+        logger.info("stopping")
+        http.should_exit = True
+        await asyncio.gather(
+            grpc_server.stop(options.shutdown_grace_s), http_task, return_exceptions=True
+        )
+        await backend.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
