@@ -1,13 +1,20 @@
-"""Where pdserve's offline step time goes: torch-profiler op breakdown over the benchmark workload.
+"""Where pdserve's offline step time goes, on the offline-throughput workload.
 
-    python benchmarks/profile_pdserve.py --num-requests 32 [--trace /tmp/pdserve_trace.json]
+    python benchmarks/profile_pdserve.py [--num-requests 32] [--op-profile-steps 20]
 
-Runs the offline-throughput workload (same seed and model folder) through pdserve's ``LLM``
-once unprofiled (wall time) and once under ``torch.profiler``, then prints the top ops by self
-CPU time and a grouping: GEMMs, attention, sampling/logits, KV writes and copies, other tensor
-ops, and the rest of the wall time (Python: scheduler, block manager, input preparation,
-detokenization; plus the profiler's own per-op cost). Self time counts on the calling thread
-only, so the groups plus "outside ops" add up to the profiled wall time.
+Runs the benchmark workload (same seed, same model folder) through pdserve's ``LLM`` once,
+timing every engine step and, inside it, the pieces, with ``perf_counter`` wrappers put on the
+engine's objects at run time (no engine code changes; about a microsecond per wrapped call):
+
+    step = schedule + execute + update/outputs
+    execute = prepare inputs + forward + lm_head + sampling
+    forward = GEMMs in the decoder layers (every nn.Linear but lm_head) + attention
+              (backend.forward: KV store, KV gather, SDPA) + the rest (embedding, norms, rope,
+              activation, residual adds)
+
+Steps are split into those that carry prefill tokens and pure decode steps. With
+``--op-profile-steps N`` a second pass runs ``torch.profiler`` over N steps in the middle of the
+run and prints the top ops by self CPU time (that splits attention into its ops).
 """
 
 from __future__ import annotations
@@ -16,39 +23,162 @@ import argparse
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.offline_throughput import DEFAULT_MODEL_DIR
-from benchmarks.workloads import (
-    ensure_model_folder,
-    make_workload,
-    model_shape,
-    workload_flops,
-)
-
-GROUPS: list[tuple[str, tuple[str, ...]]] = [
-    ("gemm (mm/addmm/bmm/linear)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")),
-    (
-        "attention (sdpa, paged/varlen kernels)",
-        ("attention", "sdpa", "baddbmm", "flash", "paged", "varlen"),
-    ),
-    ("sampling / logits", ("argmax", "topk", "sort", "multinomial", "log_softmax", "softmax")),
-    (
-        "kv writes, gathers, copies",
-        ("index_put", "index_copy", "scatter", "index_select", "gather", "copy_", "cat", "to"),
-    ),
-    ("norm / rope / activation", ("rsqrt", "pow", "mean", "silu", "mul", "add", "neg", "cos")),
-]
+from benchmarks.workloads import ensure_model_folder, make_workload, model_shape, workload_flops
 
 
-def group_of(name: str) -> str:
-    lowered = name.lower()
-    for group, keys in GROUPS:
-        if any(k in lowered for k in keys):
-            return group
-    return "other tensor ops"
+class Timers:
+    """Accumulated seconds per label, plus per-step records."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, obj: Any, attr: str, label: str) -> None:
+        fn: Callable[..., Any] = getattr(obj, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total[label] += time.perf_counter() - t0
+                self.calls[label] += 1
+
+        setattr(obj, attr, timed)
+
+    def hook_module(self, module: Any, label: str) -> None:
+        start: list[float] = []
+
+        def pre(_m: Any, _inputs: Any) -> None:
+            start.append(time.perf_counter())
+
+        def post(_m: Any, _inputs: Any, _output: Any) -> None:
+            self.total[label] += time.perf_counter() - start.pop()
+            self.calls[label] += 1
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+
+def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
+    """Put timers on the engine's pieces; return the list that per-step records go into."""
+    import torch.nn as nn
+
+    engine = llm.engine
+    runner = engine.runner
+    model = runner.model
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            timers.hook_module(module, "lm_head" if name == "lm_head" else "gemm")
+    timers.wrap(engine.scheduler, "schedule", "schedule")
+    timers.wrap(engine.scheduler, "update_from_output", "update")
+    timers.wrap(engine, "_make_output", "outputs")
+    timers.wrap(runner, "_prepare_inputs", "prepare_inputs")
+    timers.wrap(runner.backend, "prepare", "prepare_inputs")
+    timers.wrap(runner.backend, "forward", "attention")
+    timers.wrap(runner.sampler, "sample", "sampling")
+    timers.wrap(model, "forward", "forward")
+
+    steps: list[dict[str, float]] = []
+    schedule = engine.scheduler.schedule
+    step = engine.step
+    last: dict[str, Any] = {}
+
+    def remember_schedule() -> Any:
+        out = schedule()
+        last["out"] = out
+        return out
+
+    def timed_step() -> Any:
+        before = dict(timers.total)
+        t0 = time.perf_counter()
+        result = step()
+        wall = time.perf_counter() - t0
+        out = last.get("out")
+        num_seqs = len(out.scheduled) if out is not None else 0
+        num_tokens = out.num_scheduled_tokens if out is not None else 0
+        record = {k: timers.total[k] - before.get(k, 0.0) for k in timers.total}
+        record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens)
+        steps.append(record)
+        return result
+
+    engine.scheduler.schedule = remember_schedule
+    engine.step = timed_step
+    return steps
+
+
+def report(steps: list[dict[str, float]], wall_s: float) -> None:
+    groups = {
+        "prefill+decode steps": [s for s in steps if s["num_tokens"] > s["num_seqs"]],
+        "decode-only steps": [s for s in steps if 0 < s["num_tokens"] == s["num_seqs"]],
+    }
+    labels = [
+        ("schedule", "scheduler.schedule"),
+        ("prepare_inputs", "prepare inputs (runner + backend.prepare)"),
+        ("gemm", "GEMMs in decoder layers (qkv, o, gate_up, down)"),
+        ("attention", "attention (KV store + gather + SDPA)"),
+        ("forward_rest", "rest of forward (embed, norms, rope, act, adds)"),
+        ("lm_head", "lm_head"),
+        ("sampling", "sampling"),
+        ("update", "scheduler.update_from_output"),
+        ("outputs", "outputs + detokenize"),
+        ("unaccounted", "unaccounted (step glue)"),
+    ]
+    in_steps = sum(s["wall"] for s in steps)
+    print(f"\nwall {wall_s:.1f} s, {len(steps)} steps, {in_steps:.1f} s inside engine.step")
+    for name, group in groups.items():
+        if not group:
+            continue
+        sums: dict[str, float] = defaultdict(float)
+        for s in group:
+            for k, v in s.items():
+                sums[k] += v
+        sums["forward_rest"] = sums["forward"] - sums["gemm"] - sums["attention"]
+        accounted = sum(sums[k] for k, _ in labels if k != "unaccounted")
+        sums["unaccounted"] = sums["wall"] - accounted
+        n = len(group)
+        print(
+            f"\n{name}: {n} steps, {sums['wall']:.1f} s ({sums['wall'] / n * 1e3:.1f} ms/step), "
+            f"{sums['num_tokens'] / n:.1f} tokens and {sums['num_seqs'] / n:.1f} requests per step"
+        )
+        for key, text in labels:
+            print(
+                f"  {text:<50} {sums[key]:>7.2f} s {sums[key] / sums['wall']:>6.1%}"
+                f" {sums[key] / n * 1e3:>8.2f} ms/step"
+            )
+
+
+def op_profile(llm: Any, run: Callable[[], int], num_steps: int, skip: int, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    engine = llm.engine
+    step = engine.step
+    sched = schedule(wait=skip, warmup=2, active=num_steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=sched) as prof:
+
+        def profiled_step() -> Any:
+            result = step()
+            prof.step()
+            return result
+
+        engine.step = profiled_step
+        run()
+        engine.step = step
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"\ntorch.profiler over {num_steps} steps after step {skip}: top ops by self CPU time")
+    print(f"{'op':<56} {'calls':>7} {'self ms':>9} {'share':>7}")
+    for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]:
+        print(
+            f"{e.key[:56]:<56} {e.count:>7} {e.self_cpu_time_total / 1e3:>9.1f} "
+            f"{e.self_cpu_time_total / total:>7.1%}"
+        )
 
 
 def main() -> None:
@@ -60,12 +190,12 @@ def main() -> None:
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="default: pdserve's"
     )
-    parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--trace", help="also write a Chrome trace here")
+    parser.add_argument("--op-profile-steps", type=int, default=0, help="0: skip torch.profiler")
+    parser.add_argument("--op-profile-skip", type=int, default=100, help="steps before it starts")
+    parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from pdserve import LLM, SamplingParams
 
@@ -83,49 +213,34 @@ def main() -> None:
     }
     llm = LLM(model=str(model_dir), dtype="float32", **options)
 
-    def run(reqs: list[Any]) -> int:
+    def run_requests(reqs: list[Any]) -> int:
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
         params = [
             SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in reqs
         ]
         return sum(len(o.token_ids) for o in llm.generate(prompts, params))
 
-    run(warmup)
+    run_requests(warmup)
+    timers = Timers()
+    steps = instrument(llm, timers)
     t0 = time.perf_counter()
-    num_output = run(requests)
-    plain_s = time.perf_counter() - t0
+    num_output = run_requests(requests)
+    wall_s = time.perf_counter() - t0
     flops = workload_flops(requests, shape)["total"]
     print(
-        f"unprofiled: {plain_s:.1f} s, {num_output / plain_s:.1f} output tok/s, "
-        f"{flops / plain_s / 1e9:.1f} GFLOP/s of useful matmul work"
+        f"{args.num_requests} requests, {num_output} output tokens in {wall_s:.1f} s: "
+        f"{num_output / wall_s:.1f} tok/s, {flops / wall_s / 1e9:.1f} GFLOP/s of useful "
+        f"matmul work (torch threads {torch.get_num_threads()}, timers on)"
     )
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        run(requests)
-        profiled_s = time.perf_counter() - t0
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
-
-    events = prof.key_averages()
-    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
-    print(f"\nprofiled: {profiled_s:.1f} s wall; top {args.top} ops by self CPU time")
-    print(f"{'op':<52} {'calls':>8} {'self s':>8} {'share':>7}")
-    for e in rows[: args.top]:
-        self_s = e.self_cpu_time_total / 1e6
-        print(f"{e.key[:52]:<52} {e.count:>8} {self_s:>8.2f} {self_s / profiled_s:>7.1%}")
-
-    grouped: dict[str, float] = defaultdict(float)
-    for e in events:
-        grouped[group_of(e.key)] += e.self_cpu_time_total / 1e6
-    in_ops = sum(grouped.values())
-    print("\nwhere the profiled wall time goes")
-    for group, seconds in sorted(grouped.items(), key=lambda kv: -kv[1]):
-        print(f"  {group:<40} {seconds:>7.2f} s {seconds / profiled_s:>7.1%}")
-    outside = profiled_s - in_ops
-    label = "outside ops (Python, profiler cost)"
-    print(f"  {label:<40} {outside:>7.2f} s {outside / profiled_s:>7.1%}")
-    print(f"torch threads: {torch.get_num_threads()}")
+    report(steps, wall_s)
+    if args.op_profile_steps:
+        op_profile(
+            llm,
+            lambda: run_requests(requests),
+            args.op_profile_steps,
+            args.op_profile_skip,
+            args.top,
+        )
 
 
 if __name__ == "__main__":
