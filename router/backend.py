@@ -50,6 +50,10 @@ class Backend(Protocol):
     """The router's only view of the serving side. Every method is called on the router's
     event loop; implementations must not block it for longer than a tokenizer call."""
 
+    async def start(self) -> None:
+        """Connect/warm up on the router's event loop before the servers accept requests."""
+        ...
+
     def model_info(self) -> ModelInfo:
         """Static facts about the served model."""
         ...

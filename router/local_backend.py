@@ -38,6 +38,9 @@ class LocalEngineBackend:
             eos_token_ids=tuple(mc.eos_token_ids),
         )
 
+    async def start(self) -> None:
+        return None  # the engine thread started in __init__
+
     def model_info(self) -> ModelInfo:
         return self._info
 

@@ -62,6 +62,7 @@ async def serve_router(
 
     ``on_ready(grpc_address, http_url)`` is called once both servers listen.
     """
+    await backend.start()
     router = Router(backend, Admission(options.max_queue, options.retry_after_s))
     grpc_server = GrpcServer(router, _hostport(options.host, options.grpc_port))
     sock = _listen(options.host, options.http_port)

@@ -1,0 +1,105 @@
+"""Start ``pdserve serve --colocated`` as a real process on loopback and talk to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    grpc_address: str
+    http_url: str
+    model: str
+    lines: list[str]
+
+    def health(self) -> dict[str, Any]:
+        r = httpx.get(f"{self.http_url}/health", timeout=10)
+        r.raise_for_status()
+        return dict(r.json())
+
+    def wait_pool_free(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Poll /health until every KV block is free and nothing is in flight."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            h = self.health()
+            load = h["load"]
+            if (
+                load["num_free_blocks"] == load["num_blocks"]
+                and load["num_running_requests"] == 0
+                and load["num_waiting_requests"] == 0
+                and h["num_inflight_requests"] == 0
+            ):
+                return h
+            if time.monotonic() > deadline:
+                raise AssertionError(f"pool not free after {timeout_s}s: {h}")
+            time.sleep(0.05)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server(model: Path, *extra: str) -> Server:
+    """Launch on free ports (the server prints them) and wait until /health says ok."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    cmd = [
+        sys.executable, "-m", "pdserve", "serve", "--colocated",
+        "--grpc-port", "0", "--http-port", "0",
+        "--model", str(model), "--dtype", "float32", "--served-model-name", "tiny",
+        *extra,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    found: dict[str, str] = {}
+    ready = threading.Event()
+
+    def pump() -> None:  # keeps reading so the server never blocks on a full pipe
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("pdserve: gRPC "):
+                found["grpc"] = line.split()[-1]
+            elif line.startswith("pdserve: HTTP "):
+                found["http"] = line.split()[-1]
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not ready.wait(STARTUP_TIMEOUT_S) or "http" not in found:
+        proc.kill()
+        raise RuntimeError("server did not start:\n" + "".join(lines))
+    server = Server(proc, found["grpc"], found["http"], "tiny", lines)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if server.health()["status"] == "ok":
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            server.stop()
+            raise RuntimeError("server never became healthy:\n" + "".join(lines))
+        time.sleep(0.1)
