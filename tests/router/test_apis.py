@@ -15,6 +15,7 @@ import grpc
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from pdserve import LLM, SamplingParams
 from protos.pdserve.v1 import generate_pb2 as pb
@@ -67,7 +68,7 @@ async def _grpc_generate(
 async def _http_completion(
     client: httpx.AsyncClient, prompt: list[int] | str, n: int, stream: bool
 ) -> tuple[str, dict[str, Any]]:
-    body = {
+    body: dict[str, Any] = {
         "model": "tiny",
         "prompt": prompt,
         "max_tokens": n,
@@ -205,7 +206,10 @@ def test_openai_client(server: Server, offline: LLM) -> None:
     assert c.choices[0].text == ref.text and c.usage is not None
     assert c.usage.completion_tokens == 6
 
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
     chat_ids = offline.tokenizer.encode(
         offline.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
         add_special_tokens=False,
@@ -215,7 +219,7 @@ def test_openai_client(server: Server, offline: LLM) -> None:
         model="tiny",
         messages=messages,
         max_tokens=5,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
         extra_body={"ignore_eos": True},
     )
     assert chat.choices[0].message.content == chat_ref.text
@@ -227,7 +231,7 @@ def test_openai_client(server: Server, offline: LLM) -> None:
         messages=messages,
         max_tokens=5,
         temperature=0,
-        stream=True,  # type: ignore[arg-type]
+        stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
