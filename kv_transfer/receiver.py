@@ -201,6 +201,8 @@ class ReceiverBase:
         cached_blocks: Mapping[int, BlockHash] | None = None,
         lease_s: float | None = None,
     ) -> ReservationTicket:
+        if not self._endpoint:
+            raise RuntimeError("start() the receiver before reserving: it has no endpoint yet")
         token, lease = self.core.table.reserve(request_id, block_ids, cached_blocks, lease_s)
         self._poke_reaper()
         return ReservationTicket(
