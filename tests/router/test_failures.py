@@ -1,0 +1,255 @@
+"""Bad input, cancellation, deadlines and disconnects against a real server process: each gets
+its status, every KV block comes back free within a bounded time, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from protos.pdserve.v1 import generate_pb2 as pb
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
+from tests.conftest import TINY_ARCHS
+from tests.router.server_harness import Server, start_server
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_MODEL_LEN = 1024
+LONG = 1000  # output tokens: far longer than any deadline below lets a request run
+
+
+@pytest.fixture(scope="module")
+def server(model_factory) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    folder: Path = model_factory("llama", **TINY_ARCHS["llama"])
+    s = start_server(folder, "--num-kv-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN))
+    yield s
+    assert s.stop() == 0, "".join(s.lines)
+
+
+@pytest.fixture(scope="module")
+def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        yield pb_grpc.GenerationServiceStub(channel)
+
+
+def _still_serves(server: Server) -> None:
+    r = httpx.post(
+        f"{server.http_url}/v1/completions",
+        json={"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0, "ignore_eos": True},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    server.wait_pool_free()
+
+
+GOOD: dict[str, Any] = {"prompt": [5, 6, 7], "max_tokens": 2}
+CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BAD_HTTP: list[tuple[str, str, Any, int, str | None]] = [
+    # (case, path, body (dict -> JSON, bytes -> raw), status, param)
+    ("prompt too long", "completions", {**GOOD, "prompt": [5] * MAX_MODEL_LEN}, 400, "prompt"),
+    ("text too long", "completions", {**GOOD, "prompt": "hi " * 2000}, 400, "prompt"),
+    ("chat too long", "chat/completions",
+     {**CHAT, "messages": [{"role": "user", "content": "hi " * 2000}]}, 400, "messages"),
+    ("max_tokens 0", "completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens -3", "chat/completions", {**CHAT, "max_tokens": -3}, 400, "max_tokens"),
+    ("temperature < 0", "completions", {**GOOD, "temperature": -0.1}, 400, "temperature"),
+    ("top_p 0", "completions", {**GOOD, "top_p": 0}, 400, "top_p"),
+    ("top_p > 1", "chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p"),
+    ("unknown model", "completions", {**GOOD, "model": "gpt-7"}, 404, "model"),
+    ("unknown model chat", "chat/completions", {**CHAT, "model": "nope"}, 404, "model"),
+    ("malformed JSON", "completions", b'{"prompt": [5, 6', 400, None),
+    ("invalid UTF-8", "completions", b'{"prompt": "caf\xc3\x28"}', 400, None),
+    ("not an object", "completions", b"[1, 2]", 400, None),
+    ("max_tokens string", "completions", {**GOOD, "max_tokens": "16"}, 400, "max_tokens"),
+    ("max_tokens float", "completions", {**GOOD, "max_tokens": 1.5}, 400, "max_tokens"),
+    ("temperature string", "chat/completions", {**CHAT, "temperature": "hot"}, 400,
+     "temperature"),
+    ("prompt number", "completions", {**GOOD, "prompt": 5}, 400, "prompt"),
+    ("prompt missing", "completions", {"max_tokens": 2}, 400, "prompt"),
+    ("messages string", "chat/completions", {**CHAT, "messages": "hi"}, 400, "messages"),
+    ("messages empty", "chat/completions", {**CHAT, "messages": []}, 400, "messages"),
+    ("bad role", "chat/completions", {**CHAT, "messages": [{"role": "x", "content": "a"}]}, 400,
+     "messages"),
+    ("token id out of range", "completions", {**GOOD, "prompt": [5, 10**7]}, 400, "prompt"),
+    ("empty prompt", "completions", {**GOOD, "prompt": ""}, 400, "prompt"),
+    ("stop_token_ids negative", "completions", {**GOOD, "stop_token_ids": [-1]}, 400,
+     "stop_token_ids"),
+    ("min_tokens > max_tokens", "completions", {**GOOD, "min_tokens": 5}, 400, "min_tokens"),
+    ("top_k negative", "completions", {**GOOD, "top_k": -2}, 400, "top_k"),
+    ("n > 1", "completions", {**GOOD, "n": 2}, 400, "n"),
+    ("timeout 0", "completions", {**GOOD, "timeout": 0}, 400, "timeout"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [case[1:] for case in BAD_HTTP],
+    ids=[case[0] for case in BAD_HTTP],
+)
+def test_bad_http_input(server: Server, path: str, body: Any, status: int, param: str | None):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    for stream in (False, True):
+        if stream and isinstance(body, dict):
+            content = json.dumps({**body, "stream": True}).encode()
+        r = httpx.post(
+            f"{server.http_url}/v1/{path}",
+            content=content,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and err["code"] == status and err["message"]
+        if param is not None:
+            assert param in err["message"]
+    server.wait_pool_free()
+
+
+def test_bad_input_through_openai_client_then_serving(server: Server) -> None:
+    client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model="tiny", prompt="hi", temperature=-1)
+    with pytest.raises(openai.NotFoundError, match="model"):
+        client.completions.create(model="other", prompt="hi")
+    _still_serves(server)
+
+
+BAD_GRPC: list[tuple[str, pb.GenerateRequest, grpc.StatusCode, str]] = [
+    ("no prompt", pb.GenerateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    ("prompt too long", pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5] * MAX_MODEL_LEN)),
+     grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    ("max_tokens 0", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        max_tokens=0)), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+    ("temperature < 0", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        temperature=-1)), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+    ("top_p 0", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(top_p=0)),
+     grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+    ("top_p > 1", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(top_p=1.01)),
+     grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+    ("token out of range", pb.GenerateRequest(token_ids=pb.TokenIds(ids=[-1])),
+     grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    ("unknown model", pb.GenerateRequest(text="hi", model="gpt-7"),
+     grpc.StatusCode.NOT_FOUND, "model"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("request_msg", "code", "field"),
+    [case[1:] for case in BAD_GRPC],
+    ids=[case[0] for case in BAD_GRPC],
+)
+def test_bad_grpc_input(
+    server: Server,
+    stub: pb_grpc.GenerationServiceStub,
+    request_msg: pb.GenerateRequest,
+    code: grpc.StatusCode,
+    field: str,
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.Generate(request_msg, timeout=30))
+    assert info.value.code() == code, info.value.details()
+    assert field in (info.value.details() or "")
+
+
+def test_grpc_invalid_utf8_is_refused_and_server_keeps_serving(server: Server) -> None:
+    # Field 2 (text) with bytes that are not UTF-8: no protobuf library would send this.
+    raw = b"\x12\x02\xc3\x28"
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        call = channel.unary_stream(
+            "/pdserve.v1.GenerationService/Generate",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(call(raw, timeout=30))
+    assert info.value.code() != grpc.StatusCode.OK
+    _still_serves(server)
+
+
+def _long_grpc_request() -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=[5, 6, 7, 8]),
+        sampling_params=pb.SamplingParams(max_tokens=LONG, temperature=0, ignore_eos=True),
+    )
+
+
+def test_grpc_cancel_mid_stream_frees_blocks(
+    server: Server, stub: pb_grpc.GenerationServiceStub
+) -> None:
+    call = stub.Generate(_long_grpc_request(), timeout=60)
+    got = [next(call), next(call), next(call)]
+    assert not got[-1].finished
+    assert server.health()["load"]["num_free_blocks"] < 64
+    call.cancel()
+    server.wait_pool_free()
+    _still_serves(server)
+
+
+def test_grpc_deadline_frees_blocks(server: Server, stub: pb_grpc.GenerationServiceStub) -> None:
+    start = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.Generate(_long_grpc_request(), timeout=0.5))
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - start < 5
+    server.wait_pool_free()
+
+
+def _long_http_body(**extra: Any) -> dict[str, Any]:
+    return {"prompt": [5, 6, 7], "max_tokens": LONG, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def test_http_timeout_gives_504_and_frees_blocks(server: Server) -> None:
+    r = httpx.post(
+        f"{server.http_url}/v1/completions", json=_long_http_body(timeout=0.5), timeout=30
+    )
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["code"] == 504
+    server.wait_pool_free()
+    # Streaming: the status line has gone out, so the error comes as an event, then [DONE].
+    with httpx.stream(
+        "POST",
+        f"{server.http_url}/v1/completions",
+        json=_long_http_body(timeout=0.5, stream=True),
+        timeout=30,
+    ) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == 504
+    server.wait_pool_free()
+
+
+def test_http_client_disconnect_frees_blocks(server: Server) -> None:
+    # Mid-stream: read a few events, then drop the connection.
+    with httpx.Client(timeout=30) as client:
+        with client.stream(
+            "POST", f"{server.http_url}/v1/completions", json=_long_http_body(stream=True)
+        ) as r:
+            lines = r.iter_lines()
+            seen = 0
+            while seen < 3:
+                seen += next(lines).startswith("data: ")
+    server.wait_pool_free()
+    # Non-streaming: the client gives up waiting and closes the connection.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.http_url}/v1/completions", json=_long_http_body(), timeout=0.5)
+    server.wait_pool_free()
+    # Chat, streaming, gone before the first token arrives.
+    with pytest.raises(httpx.ReadTimeout):
+        with httpx.stream(
+            "POST",
+            f"{server.http_url}/v1/chat/completions",
+            json={**CHAT, "max_tokens": LONG, "ignore_eos": True, "stream": True},
+            timeout=httpx.Timeout(30, read=0.05),
+        ) as r:
+            for _ in r.iter_lines():
+                pass
+    server.wait_pool_free()
+    _still_serves(server)
