@@ -256,12 +256,12 @@ class AsyncEngine:
                     self.stats = self._snapshot()
                 else:
                     self.stats = self._snapshot()  # before delivery: a reader sees this step
-                    self._deliver(outputs)
-                    if self._on_step is not None:
+                    if self._on_step is not None:  # before delivery: hook effects come first
                         try:
                             self._on_step(engine)
                         except Exception:
                             logger.exception("on_step hook failed")
+                    self._deliver(outputs)
             else:
                 self.stats = self._snapshot()
 

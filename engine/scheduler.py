@@ -139,7 +139,9 @@ class Scheduler:
                 need = request.num_computed_tokens + num_new
                 if self.block_manager.allocate(request.request_id, need) is not None:
                     break
-                victim = self._preemption.choose_victim(self.running)
+                victim = self._preemption.choose_victim(
+                    [r for r in self.running if not r.hold_blocks_on_finish] or self.running
+                )
                 j = self.running.index(victim)
                 budget += scheduled.pop(victim.request_id, 0)
                 self._preempt(victim, swap_out)
@@ -267,7 +269,13 @@ class Scheduler:
             if not self.config.enable_chunked_prefill:
                 return None
             num_new = budget
-        if self.block_manager.allocate(request.request_id, num_computed + num_new, cached) is None:
+        need = num_computed + num_new
+        if request.hold_blocks_on_finish:
+            # KV export (prefill role): take the whole prompt's blocks at admission, so the
+            # request never needs a block later and is never preempted while its blocks are
+            # being read by a transfer.
+            need = max(need, request.num_prompt_tokens)
+        if self.block_manager.allocate(request.request_id, need, cached) is None:
             return None
         self.stats.num_prefix_query_blocks += len(query)
         self.stats.num_prefix_hit_blocks += len(cached)

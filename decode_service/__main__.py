@@ -1,0 +1,5 @@
+import sys
+
+from decode_service.server import main
+
+sys.exit(main())

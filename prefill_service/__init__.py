@@ -1,0 +1,1 @@
+"""The prefill worker: a gRPC server around an engine in the prefill role."""
