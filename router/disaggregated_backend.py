@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from engine.block_hash import hash_block_tokens
 from engine.model_config import load_model_config
 from engine.outputs import RequestOutput
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
@@ -30,6 +31,7 @@ from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
 from router.backend import GenerateRequest, Load, ModelInfo
 from router.errors import ErrorKind, RequestError
+from router.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class DisaggregatedBackend:
         self._poller: asyncio.Task[None] | None = None
         self._rr = itertools.count()
         self._calls: dict[str, list[Any]] = {}
+        self._block_size = block_size
+        self.prefix_index = PrefixIndex()
 
     async def start(self) -> None:
         """Open channels and start polling worker load (call on the router's event loop)."""
@@ -141,7 +145,9 @@ class DisaggregatedBackend:
             if first is None:
                 raise RequestError(ErrorKind.UNAVAILABLE, "decode worker closed the stream")
             if first.HasField("reservation"):
-                prefill = self._pick(self._prefill, decode=False)
+                hashes = hash_block_tokens(ids, self._block_size)
+                prefill = self._pick_prefill(hashes)
+                self.prefix_index.insert(prefill.target, hashes)
                 prefill_task = asyncio.ensure_future(
                     prefill.stub.Prefill(
                         wpb.PrefillRequest(
@@ -217,6 +223,18 @@ class DisaggregatedBackend:
         if msg is grpc.aio.EOF:
             return None
         return msg  # type: ignore[no-any-return]
+
+    def _pick_prefill(self, hashes: list[Any]) -> _Worker:
+        """Longest remembered prefix first (its blocks are likely cached there), then the
+        fewest queued prefill tokens."""
+        healthy = [w for w in self._prefill if w.healthy] or self._prefill
+        best = max(self.prefix_index.match(w.target, hashes) for w in healthy)
+        if best == 0:
+            return self._pick(healthy, decode=False)
+        return self._pick(
+            [w for w in healthy if self.prefix_index.match(w.target, hashes) == best],
+            decode=False,
+        )
 
     def _pick(self, workers: list[_Worker], decode: bool) -> _Worker:
         healthy = [w for w in workers if w.healthy] or workers
