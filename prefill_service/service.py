@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import Any
 
 import grpc
 
@@ -82,8 +83,9 @@ async def _next_progress(
     """The next progress report; re-raises at once if the engine side failed first."""
     if not queue.empty():
         return queue.get_nowait()
-    getter = asyncio.ensure_future(queue.get())
-    await asyncio.wait({getter, final_task}, return_when=asyncio.FIRST_COMPLETED)
+    getter: asyncio.Future[PrefillProgress] = asyncio.ensure_future(queue.get())
+    waiting: set[asyncio.Future[Any]] = {getter, final_task}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if getter.done():
         return getter.result()
     getter.cancel()

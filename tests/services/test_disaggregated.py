@@ -65,10 +65,11 @@ async def _wait_pools_free(decode: str, prefill: str, timeout_s: float = 20.0) -
 def test_concurrent_requests_match_hf(cluster: tuple[Path, str, str]) -> None:
     model, decode, prefill = cluster
 
+    prompts = random_prompts(6, 800, 5, 60, seed=30)
+
     async def main() -> dict[str, list[int]]:
         backend = DisaggregatedBackend(str(model), [decode], [prefill], load_poll_s=0.2)
         await backend.start()
-        prompts = random_prompts(6, 800, 5, 60, seed=30)
 
         async def one(i: int) -> list[int]:
             req = GenerateRequest(
@@ -85,11 +86,10 @@ def test_concurrent_requests_match_hf(cluster: tuple[Path, str, str]) -> None:
         results = await asyncio.gather(*(one(i) for i in range(len(prompts))))
         await _wait_pools_free(decode, prefill)
         await backend.close()
-        return {f"r{i}": r for i, r in enumerate(results)} | {"prompts": prompts}  # type: ignore[dict-item]
+        return {f"r{i}": r for i, r in enumerate(results)}
 
     res = asyncio.run(main())
-    prompts = res.pop("prompts")
-    for i, p in enumerate(prompts):  # type: ignore[arg-type]
+    for i, p in enumerate(prompts):
         assert res[f"r{i}"] == hf_greedy(model, p, 10), f"request {i}"
 
 
