@@ -270,6 +270,7 @@ class KVSender:
         except BaseException as e:
             future.set_exception(e)
             future.exception()  # mark retrieved
+            self.metrics.record_failure(type(e).__name__)
             if isinstance(e, OSError):
                 raise PeerLostError(f"cannot connect to {endpoint}: {e}") from e
             if isinstance(e, TimeoutError) and not isinstance(e, KVTransferError):

@@ -10,8 +10,12 @@ from typing import Any, TypeVar
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+HERE = Path(__file__).resolve().parent
+# The repository (for `kv_transfer`, `engine`, `protos`) and this folder (for `kv_harness`,
+# which spawned worker processes import by name) must be importable whatever the import mode.
+for path in (REPO_ROOT, HERE):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 T = TypeVar("T")
 

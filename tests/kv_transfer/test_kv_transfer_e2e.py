@@ -274,6 +274,7 @@ def test_fingerprint_mismatch_is_refused_with_a_clear_error(decode, aio):
         ticket = await reserve(decode, "mismatch", 2)
         with pytest.raises(IncompatiblePeerError, match=r"num_layers: 2 != 3"):
             await sender.open(ticket)
+        assert sender.metrics.snapshot().failures == {"IncompatiblePeerError": 1}
         after = (await decode.call("state"))["metrics"].refused_writes
         assert after.get("KV_STATUS_INCOMPATIBLE", 0) == before.get("KV_STATUS_INCOMPATIBLE", 0) + 1
         await decode.call("abort", "mismatch")
