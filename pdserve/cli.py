@@ -88,19 +88,26 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 def _cmd_serve(a: argparse.Namespace) -> int:
     if not a.colocated:
-        # Router + prefill + decode processes over kv_transfer land with the services.
-        print(
-            "error: disaggregated mode: not available yet; run `pdserve serve --colocated`",
-            file=sys.stderr,
-        )
-        return 2
-    import asyncio
-
+        return _serve_disaggregated(a)
     from engine.engine_config import EngineConfig
     from router.local_backend import LocalEngineBackend
-    from router.server import ServerOptions, serve_router
 
-    options = ServerOptions(
+    try:
+        _router_options(a)  # validate before loading the model
+        config = EngineConfig(model=a.model, **engine_options(a))
+        backend = LocalEngineBackend(config, served_model_name=a.served_model_name)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return _run_router(a, backend, "colocated")
+
+
+def _router_options(a: argparse.Namespace) -> Any:
+    from router.server import ServerOptions
+
+    if a.max_queue < 1:
+        raise ValueError(f"--max-queue must be at least 1, got {a.max_queue}")
+    return ServerOptions(
         host=a.host,
         grpc_port=a.grpc_port,
         http_port=a.http_port,
@@ -108,27 +115,126 @@ def _cmd_serve(a: argparse.Namespace) -> int:
         retry_after_s=a.retry_after_s,
         shutdown_grace_s=a.shutdown_grace_s,
     )
-    try:
-        if options.max_queue < 1:
-            raise ValueError(f"--max-queue must be at least 1, got {options.max_queue}")
-        config = EngineConfig(model=a.model, **engine_options(a))
-        backend = LocalEngineBackend(config, served_model_name=a.served_model_name)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+
+def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
+    import asyncio
+
+    from router.server import serve_router
 
     def ready(grpc_address: str, http_url: str) -> None:
-        print(f"pdserve: serving {backend.model_info().model!r} (colocated)", flush=True)
+        print(f"pdserve: serving {backend.model_info().model!r} ({mode})", flush=True)
         print(f"pdserve: gRPC {grpc_address}", flush=True)
         print(f"pdserve: HTTP {http_url}", flush=True)
 
     try:
-        asyncio.run(serve_router(backend, options, ready))
-    except OSError as e:  # a port in use
+        asyncio.run(serve_router(backend, _router_options(a), ready))
+    except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print("pdserve: stopped", flush=True)
     return 0
+
+
+def _serve_disaggregated(a: argparse.Namespace) -> int:
+    """Router in this process; one decode and one prefill worker as child processes."""
+    import socket
+
+    from engine.demo_model import demo_model_path
+    from pdserve.launch import _cpus, engine_argv, start_worker, stop_workers, wait_healthy
+    from router.disaggregated_backend import DisaggregatedBackend
+
+    def port_or_free(port: int) -> int:
+        if port:
+            return port
+        with socket.socket() as sock:
+            sock.bind((a.worker_host, 0))
+            return int(sock.getsockname()[1])
+
+    model = a.model or str(demo_model_path())  # build the demo once, before the children
+    common = engine_argv(a)
+    decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
+    procs = []
+    try:
+        procs.append(
+            start_worker(
+                "decode",
+                model,
+                decode_port,
+                [*common, "--kv-transport", a.kv_transport],
+                _cpus(a.decode_cpus),
+            )
+        )
+        procs.append(
+            start_worker(
+                "prefill",
+                model,
+                prefill_port,
+                [*common, "--max-num-batched-tokens", str(a.prefill_max_num_batched_tokens)],
+                _cpus(a.prefill_cpus),
+            )
+        )
+        decode_target = f"{a.worker_host}:{decode_port}"
+        prefill_target = f"{a.worker_host}:{prefill_port}"
+        for target, proc in ((decode_target, procs[0]), (prefill_target, procs[1])):
+            wait_healthy(target, proc, a.worker_start_timeout_s)
+        backend = DisaggregatedBackend(
+            model,
+            [decode_target],
+            [prefill_target],
+            served_model_name=a.served_model_name,
+            block_size=a.block_size,
+            max_model_len=a.max_model_len,
+            local_prefill_max_tokens=a.local_prefill_max_tokens,
+        )
+        return _run_router(a, backend, "disaggregated")
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        stop_workers(procs)
+
+
+def _cmd_router(a: argparse.Namespace) -> int:
+    from engine.demo_model import demo_model_path
+    from router.disaggregated_backend import DisaggregatedBackend
+
+    try:
+        backend = DisaggregatedBackend(
+            a.model or str(demo_model_path()),
+            a.decode,
+            a.prefill,
+            served_model_name=a.served_model_name,
+            block_size=a.block_size,
+            max_model_len=a.max_model_len,
+            local_prefill_max_tokens=a.local_prefill_max_tokens,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return _run_router(a, backend, "router")
+
+
+def _add_router_args(p: argparse.ArgumentParser) -> None:
+    api = p.add_argument_group("router")
+    api.add_argument("--host", default="127.0.0.1", help="address both servers listen on")
+    api.add_argument("--grpc-port", type=int, default=50051, help="0 = any free port")
+    api.add_argument("--http-port", type=int, default=8000, help="0 = any free port")
+    api.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests in flight before new ones get HTTP 429 / RESOURCE_EXHAUSTED",
+    )
+    api.add_argument("--retry-after-s", type=float, default=1.0, help="retry hint when busy")
+    api.add_argument("--served-model-name", default=None, help="default: the model folder name")
+    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    api.add_argument(
+        "--local-prefill-max-tokens",
+        type=int,
+        default=0,
+        help="decode prefills prompts up to this length itself (0 = always remote)",
+    )
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -142,21 +248,18 @@ def _add_serve_parser(sub: Any) -> None:
         "--colocated",
         action="store_true",
         help="one engine in the router process doing prefill and decode "
-        "(without it: router + prefill + decode processes, not available yet)",
+        "(default: router here + a prefill and a decode worker process)",
     )
-    api = serve.add_argument_group("router")
-    api.add_argument("--host", default="127.0.0.1", help="address both servers listen on")
-    api.add_argument("--grpc-port", type=int, default=50051, help="0 = any free port")
-    api.add_argument("--http-port", type=int, default=8000, help="0 = any free port")
-    api.add_argument(
-        "--max-queue",
-        type=int,
-        default=256,
-        help="requests in flight before new ones get HTTP 429 / RESOURCE_EXHAUSTED",
-    )
-    api.add_argument("--retry-after-s", type=float, default=1.0, help="retry hint when busy")
-    api.add_argument("--served-model-name", default=None, help="default: the model folder name")
-    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    _add_router_args(serve)
+    workers = serve.add_argument_group("workers (disaggregated mode)")
+    workers.add_argument("--worker-host", default="127.0.0.1")
+    workers.add_argument("--decode-port", type=int, default=0, help="0 = any free port")
+    workers.add_argument("--prefill-port", type=int, default=0, help="0 = any free port")
+    workers.add_argument("--kv-transport", default="auto", help="auto (UCX if installed) | tcp")
+    workers.add_argument("--prefill-max-num-batched-tokens", type=int, default=4096)
+    workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
+    workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
+    workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
     add_engine_args(serve)
     serve.set_defaults(func=_cmd_serve, scheduling_policy="priority")
 
@@ -178,12 +281,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.set_defaults(func=_cmd_generate)
     _add_serve_parser(sub)
+    router = sub.add_parser(
+        "router", help="run the router over existing prefill and decode workers"
+    )
+    router.add_argument("--decode", action="append", required=True, help="host:port, repeatable")
+    router.add_argument("--prefill", action="append", required=True, help="host:port, repeatable")
+    router.add_argument("--model", default=None, help="model folder (for the tokenizer)")
+    router.add_argument("--block-size", type=int, default=16)
+    router.add_argument("--max-model-len", type=int, default=None)
+    _add_router_args(router)
+    router.set_defaults(func=_cmd_router)
+    sub.add_parser("prefill", help="run a prefill worker (see `pdserve prefill --help`)")
+    sub.add_parser("decode", help="run a decode worker (see `pdserve decode --help`)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("prefill", "decode"):  # the workers own their flags
+        if argv[0] == "prefill":
+            from prefill_service.server import main as worker_main
+        else:
+            from decode_service.server import main as worker_main
+        return worker_main(argv[1:])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     return int(args.func(args))

@@ -1,0 +1,101 @@
+"""``pdserve serve`` in disaggregated mode: start a decode and a prefill worker as child
+processes, then run the router in this process over them. Every child is stopped on exit."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# EngineConfig option -> CLI flag, for forwarding the engine flags to the workers.
+_FLAGS = {
+    "dtype": "--dtype",
+    "device": "--device",
+    "attention_backend": "--attention-backend",
+    "block_size": "--block-size",
+    "num_kv_blocks": "--num-kv-blocks",
+    "kv_cache_memory_gb": "--kv-cache-memory-gb",
+    "swap_space_gb": "--swap-space-gb",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "scheduling_policy": "--scheduling-policy",
+    "preemption_mode": "--preemption-mode",
+    "seed": "--seed",
+}
+
+
+def engine_argv(a: argparse.Namespace) -> list[str]:
+    argv: list[str] = []
+    for name, flag in _FLAGS.items():
+        value = getattr(a, name, None)
+        if value is not None:
+            argv += [flag, str(value)]
+    if getattr(a, "no_prefix_caching", False):
+        argv.append("--no-prefix-caching")
+    if getattr(a, "no_chunked_prefill", False):
+        argv.append("--no-chunked-prefill")
+    return argv
+
+
+def _cpus(spec: str | None) -> set[int] | None:
+    if not spec:
+        return None
+    return {int(x) for x in spec.split(",") if x.strip()}
+
+
+def start_worker(
+    role: str, model: str, port: int, extra: Sequence[str], cpus: set[int] | None
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m {role}_service``; ``cpus`` pins it (like ``taskset``)."""
+    cmd = [sys.executable, "-m", f"{role}_service", "--port", str(port), "--model", model, *extra]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    if cpus:
+        env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return subprocess.Popen(cmd, env=env, preexec_fn=pin if cpus else None)
+
+
+def wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker at {target} exited with status {proc.returncode}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+    raise TimeoutError(f"worker at {target} not healthy within {timeout_s:.0f}s")
+
+
+def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
