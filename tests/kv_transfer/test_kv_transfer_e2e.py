@@ -265,6 +265,30 @@ def test_forged_token_and_foreign_blocks_are_refused_and_counted(decode, src_poo
     aio.run(scenario())
 
 
+def test_duplicate_and_late_messages_are_idempotent(decode, src_pool, aio):
+    """A retried sender repeats a push (harmless) and a final message after completion
+    (refused, never applied); aborting twice is a no-op."""
+
+    async def scenario() -> None:
+        sender = KVSender(SPEC, src_pool)
+        ticket = await reserve(decode, "dup", 2)
+        first, retry = await sender.open(ticket), await sender.open(ticket)
+        await first.push([0], [4])
+        await retry.push([0], [4])  # duplicate of the same block: accepted, counted once
+        await first.finish(9, -0.5, [1], [5])
+        assert await decode.call("wait", "dup", 10.0) == ("complete", 9, -0.5)
+        with pytest.raises(TransferRefusedError, match="UNKNOWN_RESERVATION"):
+            await retry.finish(9, -0.5, [1], [5])  # late: the blocks now belong to decode
+        assert await decode.call("read", list(ticket.block_ids)) == src_bytes(src_pool, [4, 5])
+        await decode.call("write_sentinel", list(ticket.block_ids))
+        await decode.call("free", "dup")
+        assert await decode.call("abort", "dup") is False
+        await assert_all_free(decode, sender)
+        await sender.close()
+
+    aio.run(scenario())
+
+
 def test_fingerprint_mismatch_is_refused_with_a_clear_error(decode, aio):
     other = dataclasses.replace(SPEC, num_layers=3)
 
