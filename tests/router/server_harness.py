@@ -59,12 +59,13 @@ class Server:
         return self.process.returncode
 
 
-def start_server(model: Path, *extra: str) -> Server:
-    """Launch on free ports (the server prints them) and wait until /health says ok."""
+def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
+    """Launch on free ports (the server prints them) and wait until /health says ok.
+    ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
-        sys.executable, "-m", "pdserve", "serve", "--colocated",
+        sys.executable, "-m", "pdserve", "serve", *(["--colocated"] if colocated else []),
         "--grpc-port", "0", "--http-port", "0",
         "--model", str(model), "--dtype", "float32", "--served-model-name", "tiny",
         *extra,
