@@ -48,7 +48,7 @@ class OutgoingTransfer:
         self._sender = sender
         self._timeout_s = timeout_s
         self._pending: set[asyncio.Task[None]] = set()
-        self._sent: set[int] = set()
+        self._failure: BaseException | None = None  # the error that ended the transfer
         self._started = time.monotonic()
         self._bytes = 0
         self.is_done = False
@@ -66,8 +66,13 @@ class OutgoingTransfer:
         indices, src = self._check(block_indices, src_block_ids)
         task = asyncio.ensure_future(self._send(indices, src, is_last=False))
         self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(self._push_done)
         return task
+
+    def _push_done(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled():
+            task.exception()  # kept in self._failure; finish re-raises it, nothing is lost
 
     async def finish(
         self,
@@ -80,13 +85,9 @@ class OutgoingTransfer:
         earlier pushes (re-raising the first failure), then tells decode the first sampled
         token. Returns when decode has every expected block; raises
         ``TransferIncompleteError`` if some were never pushed."""
-        indices, src = self._check(block_indices, src_block_ids)
         if self._pending:
-            results = await asyncio.gather(*self._pending, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    self._done()
-                    raise result
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        indices, src = self._check(block_indices, src_block_ids)
         await self._send(
             indices,
             src,
@@ -129,6 +130,8 @@ class OutgoingTransfer:
     def _check(
         self, block_indices: Sequence[int], src_block_ids: Sequence[int]
     ) -> tuple[list[int], list[int]]:
+        if self._failure is not None:
+            raise self._failure
         if self.is_done:
             raise KVTransferError(f"transfer of {self.ticket.request_id!r} is already over")
         if len(block_indices) != len(src_block_ids):
@@ -173,10 +176,11 @@ class OutgoingTransfer:
         )
         try:
             await self._call(frame, payload)
-        except BaseException:
+        except BaseException as e:
+            if self._failure is None:
+                self._failure = e
             self._done()
             raise
-        self._sent.update(block_indices)
         self._bytes += num_bytes
         self._sender.metrics.record_blocks(len(block_indices), num_bytes)
 

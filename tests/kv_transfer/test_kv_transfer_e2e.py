@@ -195,6 +195,13 @@ def test_abort_mid_transfer_from_either_side_frees_both(decode, src_pool, aio):
         assert refused.value.status == "KV_STATUS_UNKNOWN_RESERVATION"
         with pytest.raises(TransferRefusedError):
             await transfer.renew()
+        # A push nobody awaited fails the same way: finish re-raises that failure.
+        ticket = await reserve(decode, "abort-d2", 4)
+        transfer = await sender.open(ticket)
+        await decode.call("abort", "abort-d2")
+        transfer.push([0, 1], [0, 1])
+        with pytest.raises(TransferRefusedError, match="UNKNOWN_RESERVATION"):
+            await transfer.finish(0, 0.0, [2, 3], [2, 3])
         state = await assert_all_free(decode, sender)
         assert state["metrics"].refused_writes.get("KV_STATUS_UNKNOWN_RESERVATION", 0) >= 1
         await decode.call("write_sentinel", list(range(64)))
