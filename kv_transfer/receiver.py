@@ -8,6 +8,7 @@ subclasses ``ReceiverBase`` and only moves bytes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from kv_transfer.wire import ack
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
 DEFAULT_LEASE_S = 30.0
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -262,8 +265,11 @@ class ReceiverBase:
     async def _reap(self) -> None:
         assert self._wake is not None
         while True:
-            for peer in self.core.table.expire():
-                self._cut_peer(peer)
+            try:
+                for peer in self.core.table.expire():
+                    self._cut_peer(peer)
+            except Exception:  # an owner callback broke its contract: keep reaping
+                _log.exception("lease reaper")
             deadline = self.core.table.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self._clock()) + 0.001
             self._wake.clear()

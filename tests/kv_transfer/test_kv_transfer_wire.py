@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +109,22 @@ def test_tcp_write_stalled_at_lease_expiry_is_cut_and_never_applied_after_releas
         await receiver.close()
 
     aio.run(scenario(), timeout=30)
+
+
+def test_importing_kv_transfer_loads_neither_ucxx_nor_torch():
+    """UCX must be initialised after any fork, in the process that uses it; and a worker that
+    passes numpy pools should not pay for torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kv_transfer, kv_transfer.ucx, kv_transfer.tcp\n"
+        "kv_transfer.create_receiver\n"
+        "assert 'ucxx' not in sys.modules, 'ucxx imported'\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
