@@ -14,6 +14,7 @@ from engine.sampling_params import SamplingParams
 
 _FIELDS = {f.name for f in fields(SamplingParams)} | {
     "prompt",
+    "prompt_token_ids",
     "messages",
     "model",
     "n",
