@@ -38,6 +38,9 @@ from kv_transfer.transport import Channel, Connector
 from kv_transfer.wire import segment_runs, status_name
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
+# An abort is best effort: never wait long for a peer that may be dead.
+ABORT_TIMEOUT_S = 2.0
+
 
 class OutgoingTransfer:
     """One request's transfer; created by ``KVSender.open``. Not thread-safe: use it from the
@@ -49,6 +52,8 @@ class OutgoingTransfer:
         self._timeout_s = timeout_s
         self._pending: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None  # the error that ended the transfer
+        self._finished = False  # decode acknowledged the final message
+        self._aborted = False
         self._started = time.monotonic()
         self._bytes = 0
         self.is_done = False
@@ -95,6 +100,7 @@ class OutgoingTransfer:
             first_token_id=first_token_id,
             first_token_logprob=first_token_logprob,
         )
+        self._finished = True
         self._done()
         seconds = time.monotonic() - self._started
         self._sender.metrics.record_skipped(len(self.ticket.cached_blocks))
@@ -108,20 +114,21 @@ class OutgoingTransfer:
         await self._call(frame, [])
 
     async def abort(self, reason: str = "") -> None:
-        """Tell decode to release the reservation (best effort, idempotent); returns once this
-        transfer's in-flight pushes have stopped reading the source blocks."""
-        if self.is_done:
-            return
-        self._done()
-        frame = pb.KVFrame(
-            abort=pb.KVAbort(
-                request_id=self.ticket.request_id, token=self.ticket.token, reason=reason
+        """Tell decode to release the reservation (best effort, idempotent; also after a
+        failure, when decode may still hold it); returns once every push of this transfer has
+        stopped reading the source blocks, which the caller may then free."""
+        if not self._finished and not self._aborted:
+            self._aborted = True
+            self._done()
+            frame = pb.KVFrame(
+                abort=pb.KVAbort(
+                    request_id=self.ticket.request_id, token=self.ticket.token, reason=reason
+                )
             )
-        )
-        try:
-            await self._call(frame, [])
-        except KVTransferError:
-            pass  # the peer is gone: its lease or peer-loss detection frees the reservation
+            try:
+                await self._call(frame, [], min(self._timeout_s, ABORT_TIMEOUT_S))
+            except KVTransferError:
+                pass  # the peer is gone: its lease or peer-loss detection frees the reservation
         # Pushes already on the wire end by themselves (refused, or each one's deadline);
         # cancelling them could cut a frame in half.
         if self._pending:
@@ -184,10 +191,13 @@ class OutgoingTransfer:
         self._bytes += num_bytes
         self._sender.metrics.record_blocks(len(block_indices), num_bytes)
 
-    async def _call(self, frame: pb.KVFrame, payload: list[Any]) -> None:
+    async def _call(
+        self, frame: pb.KVFrame, payload: list[Any], timeout: float | None = None
+    ) -> None:
+        timeout = self._timeout_s if timeout is None else timeout
         try:
-            channel = await self._sender._channel(self.ticket, self._timeout_s)
-            reply = await channel.call(frame, payload, self._timeout_s)
+            channel = await self._sender._channel(self.ticket, timeout)
+            reply = await channel.call(frame, payload, timeout)
         except KVTransferError as e:
             self._sender.metrics.record_failure(type(e).__name__)
             raise

@@ -143,10 +143,16 @@ class UcxReceiver(ReceiverBase):
         await self._reply(sender_id, pb.KVFrame(seq=frame.seq, ack=answer))
 
     async def _hello(self, frame: pb.KVFrame) -> None:
-        address = self._ucxx.get_ucx_address_from_buffer(frame.hello.reply_address)
-        ep = await self._ucxx.create_endpoint_from_worker_address(
-            address, endpoint_error_handling=False
-        )
+        try:
+            address = self._ucxx.get_ucx_address_from_buffer(frame.hello.reply_address)
+            ep = await asyncio.wait_for(
+                self._ucxx.create_endpoint_from_worker_address(
+                    address, endpoint_error_handling=False
+                ),
+                _ACK_TIMEOUT_S,
+            )
+        except Exception:
+            return  # unreachable or malformed reply address: the sender's handshake times out
         reply = self.core.hello(frame.hello)
         if reply.status == pb.KV_STATUS_OK:
             old = self._peers.pop(frame.sender_id, None)
@@ -317,12 +323,17 @@ class UcxConnector:
             address = bytes.fromhex(endpoint.removeprefix("ucx://"))
         except ValueError as e:
             raise ValueError(f"not a ucx endpoint: {endpoint!r}") from e
-        ep = await asyncio.wait_for(
-            ucxx.create_endpoint_from_worker_address(
-                ucxx.get_ucx_address_from_buffer(address), endpoint_error_handling=False
-            ),
-            timeout,
-        )
+        try:
+            ep = await asyncio.wait_for(
+                ucxx.create_endpoint_from_worker_address(
+                    ucxx.get_ucx_address_from_buffer(address), endpoint_error_handling=False
+                ),
+                timeout,
+            )
+        except TimeoutError:
+            raise
+        except Exception as e:  # e.g. UCXXShmemSegmentError: the peer's process is gone
+            raise PeerLostError(f"cannot reach {endpoint[:40]}...: {e!r}") from e
         hello.reply_address = bytes(ucxx.get_worker_address())
         channel = UcxChannel(ucxx, ep, hello.sender_id)
         await channel.handshake(hello, timeout)

@@ -371,6 +371,9 @@ def test_killed_decode_is_detected_within_the_lease(transport, src_pool, aio):
                 await transfer.push([1], [1])
             assert time.monotonic() - start < timeout_s + 1.0
             assert sender.num_active_transfers == 0
+            start = time.monotonic()
+            await transfer.abort()  # best effort towards a dead peer: bounded
+            assert time.monotonic() - start < 3.0
             assert sender.metrics.snapshot().num_failures >= 1
             await sender.close()
 
