@@ -8,7 +8,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # The CPU wheel of torch 2.13.0 is on local disk; pinning it first keeps pip from pulling a
 # multi-GB CUDA build for any dependency that asks for torch.
 python3 -m pip install --quiet "torch==2.13.0"
-python3 -m pip install --quiet -e ".[test]"
+python3 -m pip install --quiet -e ".[test,ucx]"
 
 python3 -m ruff check .
 python3 -m mypy
