@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,6 +17,8 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import create_receiver, resolve_transport
+from pdserve.metrics.http import MetricsServer
+from pdserve.metrics.worker import worker_registry
 from protos.pdserve.v1 import worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -23,8 +26,17 @@ SERVICE_NAME = "pdserve.v1.DecodeWorker"
 
 
 async def serve(
-    config: EngineConfig, host: str, port: int, transport: str, kv_host: str, kv_port: int
+    config: EngineConfig,
+    host: str,
+    port: int,
+    transport: str,
+    kv_host: str,
+    kv_port: int,
+    metrics_port: int | None = 0,
+    model_name: str | None = None,
 ) -> None:
+    """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
+    None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
     engine = LLMEngine(config)
     owner = DecodeOwner()
     kind = resolve_transport(transport)
@@ -34,9 +46,8 @@ async def serve(
     await receiver.start()
     aengine = AsyncEngine(engine)
     server = grpc.aio.server()
-    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(
-        DecodeWorkerService(aengine, receiver, owner, kind), server
-    )
+    servicer = DecodeWorkerService(aengine, receiver, owner, kind)
+    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -44,11 +55,25 @@ async def serve(
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     print(f"decode worker: grpc {host}:{bound}, kv {receiver.endpoint} ({kind})", flush=True)
+    metrics = None
+    if metrics_port is not None:
+        registry = worker_registry(
+            aengine,
+            "decode",
+            model_name or Path(engine.model_config.path).name,
+            receiver.metrics,
+            kind,
+            {"decode_admission": servicer.admission_seconds},
+        )
+        metrics = MetricsServer(registry, host, metrics_port)
+        print(f"decode worker: metrics {metrics.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if metrics is not None:
+        metrics.close()
     await server.stop(grace=2.0)
     await receiver.close()
     await asyncio.to_thread(aengine.shutdown)
@@ -60,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdserve decode", description="run a decode worker")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50061)
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="Prometheus /metrics (0 = free port, -1 = off)"
+    )
+    p.add_argument("--served-model-name", default=None, help="the metrics' model label")
     p.add_argument("--kv-transport", default="auto", help="auto | ucx | tcp")
     p.add_argument("--kv-host", default="127.0.0.1")
     p.add_argument("--kv-port", type=int, default=0)
@@ -67,5 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=a.model, **engine_options(a))
-    asyncio.run(serve(config, a.host, a.port, a.kv_transport, a.kv_host, a.kv_port))
+    metrics_port = None if a.metrics_port < 0 else a.metrics_port
+    asyncio.run(
+        serve(
+            config,
+            a.host,
+            a.port,
+            a.kv_transport,
+            a.kv_host,
+            a.kv_port,
+            metrics_port,
+            a.served_model_name,
+        )
+    )
     return 0

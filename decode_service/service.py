@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import grpc
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
+from engine.metrics import LATENCY_BUCKETS_S, Histogram
 from engine.outputs import RemotePrefillReservation, RequestOutput
 from kv_transfer import CompletedTransfer, ReleaseReason
 from kv_transfer.receiver import ReceiverBase
@@ -96,6 +98,8 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
         self._owner = owner
         self._transport = transport
         owner.engine = engine
+        # TTFT stage "decode_admission": all KV arrived -> first token sent to the router.
+        self.admission_seconds = Histogram(LATENCY_BUCKETS_S)
 
     async def Generate(
         self, request: wpb.WorkerGenerateRequest, context: grpc.aio.ServicerContext
@@ -156,7 +160,11 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
                 return [e.admit_remote_prefill(rid, first_id, first_lp)]
 
             admitted = True
+            arrived = time.monotonic()
             async for out in self._engine.attach(rid, admit):
+                if arrived:
+                    self.admission_seconds.observe(time.monotonic() - arrived)
+                    arrived = 0.0
                 yield wpb.DecodeMessage(output=delta_to_proto(out))
         finally:
             self._owner.forget(rid)  # a completion after this frees the blocks itself

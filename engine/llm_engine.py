@@ -21,6 +21,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_config import EngineConfig
 from engine.kv_cache import KVCache
 from engine.kv_cache_spec import KVCacheSpec
+from engine.metrics import EngineMetrics
 from engine.model_config import load_model_config
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
@@ -114,6 +115,7 @@ class LLMEngine:
         self._progress: list[PrefillProgress] = []
         self._ids = itertools.count()
         self.num_steps = 0
+        self.metrics = EngineMetrics()  # read by the services' metrics exporters
         logger.info(
             "engine ready: %s on %s, %d KV blocks (+%d host), backend %s",
             mc.architecture,
@@ -321,6 +323,7 @@ class LLMEngine:
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return an output for every request that produced a token."""
+        started = time.monotonic()
         sched_out = self.scheduler.schedule()
         now = time.monotonic()
         for s in sched_out.scheduled:
@@ -340,6 +343,9 @@ class LLMEngine:
             if tracked is None:
                 continue
             outputs.append(self._make_output(tracked, result.sampled[request.request_id], now))
+        self.metrics.record_step(
+            now - started, sched_out.num_scheduled_tokens, len(sched_out.scheduled), outputs
+        )
         return outputs
 
     def _record_progress(self, sched_out: SchedulerOutput, sampled: dict[str, int]) -> None:

@@ -126,14 +126,36 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
         print(f"pdserve: serving {backend.model_info().model!r} ({mode})", flush=True)
         print(f"pdserve: gRPC {grpc_address}", flush=True)
         print(f"pdserve: HTTP {http_url}", flush=True)
+        print(f"pdserve: metrics {http_url}/metrics", flush=True)
 
     try:
-        asyncio.run(serve_router(backend, _router_options(a), ready))
+        metrics = _router_metrics(a, backend, mode)
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print("pdserve: stopped", flush=True)
     return 0
+
+
+def _router_metrics(a: argparse.Namespace, backend: Any, mode: str) -> Any:
+    """The router's metrics; colocated, the engine's own metrics join them."""
+    from router.metrics import RouterMetrics
+
+    def seconds(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1000.0
+
+    role = "colocated" if mode == "colocated" else "router"
+    model = backend.model_info().model
+    metrics = RouterMetrics(role, model, seconds(a.slo_ttft_ms), seconds(a.slo_itl_ms))
+    if mode == "colocated":
+        from pdserve.metrics.engine_collector import EngineCollector
+
+        engine = backend.async_engine
+        metrics.registry.register(EngineCollector(engine, role, model))
+        metrics.stages.add("prefill_queue", engine.engine.metrics.queue_seconds)
+        metrics.stages.add("prefill_compute", engine.engine.metrics.prefill_seconds)
+    return metrics
 
 
 def _serve_disaggregated(a: argparse.Namespace) -> int:
@@ -153,6 +175,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
     common = engine_argv(a)
+    if a.served_model_name:
+        common += ["--served-model-name", a.served_model_name]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
     procs = []
     try:
@@ -161,7 +185,13 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                 "decode",
                 model,
                 decode_port,
-                [*common, "--kv-transport", a.kv_transport],
+                [
+                    *common,
+                    "--kv-transport",
+                    a.kv_transport,
+                    "--metrics-port",
+                    str(a.decode_metrics_port),
+                ],
                 _cpus(a.decode_cpus),
             )
         )
@@ -170,7 +200,13 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                 "prefill",
                 model,
                 prefill_port,
-                [*common, "--max-num-batched-tokens", str(a.prefill_max_num_batched_tokens)],
+                [
+                    *common,
+                    "--max-num-batched-tokens",
+                    str(a.prefill_max_num_batched_tokens),
+                    "--metrics-port",
+                    str(a.prefill_metrics_port),
+                ],
                 _cpus(a.prefill_cpus),
             )
         )
@@ -235,6 +271,11 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="decode prefills prompts up to this length itself (0 = always remote)",
     )
+    slo = p.add_argument_group("SLOs (goodput and SLO-violation metrics)")
+    slo.add_argument("--slo-ttft-ms", type=float, default=None, help="time-to-first-token SLO")
+    slo.add_argument(
+        "--slo-itl-ms", type=float, default=None, help="inter-token latency (time per token) SLO"
+    )
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -260,6 +301,12 @@ def _add_serve_parser(sub: Any) -> None:
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
     workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
     workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
+    workers.add_argument(
+        "--decode-metrics-port", type=int, default=0, help="0 = any free port, -1 = off"
+    )
+    workers.add_argument(
+        "--prefill-metrics-port", type=int, default=0, help="0 = any free port, -1 = off"
+    )
     add_engine_args(serve)
     serve.set_defaults(func=_cmd_serve, scheduling_policy="priority")
 

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -15,6 +16,8 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import KVSender
+from pdserve.metrics.http import MetricsServer
+from pdserve.metrics.worker import worker_registry
 from prefill_service.service import PrefillWorkerService, ProgressRouter
 from protos.pdserve.v1 import worker_pb2_grpc
 
@@ -22,15 +25,22 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = "pdserve.v1.PrefillWorker"
 
 
-async def serve(config: EngineConfig, host: str, port: int) -> None:
+async def serve(
+    config: EngineConfig,
+    host: str,
+    port: int,
+    metrics_port: int | None = 0,
+    model_name: str | None = None,
+) -> None:
+    """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
+    None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
     engine = LLMEngine(config)
     progress = ProgressRouter()
     aengine = AsyncEngine(engine, on_step=progress.on_step)
     sender = KVSender(engine.kv_spec, engine.kv_cache.pool)
     server = grpc.aio.server()
-    worker_pb2_grpc.add_PrefillWorkerServicer_to_server(
-        PrefillWorkerService(aengine, progress, sender), server
-    )
+    servicer = PrefillWorkerService(aengine, progress, sender)
+    worker_pb2_grpc.add_PrefillWorkerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -38,11 +48,25 @@ async def serve(config: EngineConfig, host: str, port: int) -> None:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     print(f"prefill worker: grpc {host}:{bound}", flush=True)
+    metrics = None
+    if metrics_port is not None:
+        registry = worker_registry(
+            aengine,
+            "prefill",
+            model_name or Path(engine.model_config.path).name,
+            sender.metrics,
+            "all",
+            {"kv_transfer": servicer.kv_transfer_seconds},
+        )
+        metrics = MetricsServer(registry, host, metrics_port)
+        print(f"prefill worker: metrics {metrics.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if metrics is not None:
+        metrics.close()
     await server.stop(grace=2.0)
     await sender.close()
     await asyncio.to_thread(aengine.shutdown)
@@ -54,9 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdserve prefill", description="run a prefill worker")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50071)
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="Prometheus /metrics (0 = free port, -1 = off)"
+    )
+    p.add_argument("--served-model-name", default=None, help="the metrics' model label")
     add_engine_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=a.model, **engine_options(a))
-    asyncio.run(serve(config, a.host, a.port))
+    metrics_port = None if a.metrics_port < 0 else a.metrics_port
+    asyncio.run(serve(config, a.host, a.port, metrics_port, a.served_model_name))
     return 0

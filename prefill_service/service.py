@@ -24,6 +24,7 @@ import grpc
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
+from engine.metrics import LATENCY_BUCKETS_S, Histogram
 from engine.outputs import PrefillProgress, RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError
@@ -101,6 +102,8 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         self._progress = progress
         self._sender = sender
         self._queued_tokens = 0
+        # TTFT stage "kv_transfer": first token sampled -> decode acknowledged the last blocks.
+        self.kv_transfer_seconds = Histogram(LATENCY_BUCKETS_S)
 
     async def Prefill(
         self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
@@ -158,6 +161,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
                     if todo:
                         transfer.push(todo, src)
                     continue
+                prompt_done = time.monotonic()
                 final = await final_task
                 assert progress.first_token_id is not None
                 logprob = 0.0
@@ -165,6 +169,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
                     logprob = final.new_logprobs[0].logprob
                 await transfer.finish(progress.first_token_id, logprob, todo, src)
                 finished = True
+                self.kv_transfer_seconds.observe(time.monotonic() - prompt_done)
                 return wpb.PrefillResponse(
                     first_token_id=progress.first_token_id,
                     first_token_logprob=logprob,

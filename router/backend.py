@@ -6,6 +6,7 @@ colocated mode); the disaggregated backend (prefill + decode workers) implements
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,6 +24,7 @@ class GenerateRequest:
     prompt: str | None = None
     prompt_token_ids: Sequence[int] | None = None
     priority: int = 0  # lower is served first
+    arrival_time: float = field(default_factory=time.monotonic)  # at the router (metrics)
 
 
 @dataclass(frozen=True)

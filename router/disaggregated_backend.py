@@ -120,6 +120,13 @@ class DisaggregatedBackend:
     def is_healthy(self) -> bool:
         return any(w.healthy for w in self._decode) and any(w.healthy for w in self._prefill)
 
+    def healthy_workers(self) -> dict[str, int]:
+        """Workers that answered the last load poll, by pool (for metrics)."""
+        return {
+            "prefill": sum(w.healthy for w in self._prefill),
+            "decode": sum(w.healthy for w in self._decode),
+        }
+
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         ids = (
             list(request.prompt_token_ids)

@@ -107,6 +107,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             )
             slot = router.admit()
         except RequestError as e:
+            router.metrics.rejected(e)
             await _abort(context, e)
             return
         with slot:

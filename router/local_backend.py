@@ -38,6 +38,11 @@ class LocalEngineBackend:
             eos_token_ids=tuple(mc.eos_token_ids),
         )
 
+    @property
+    def async_engine(self) -> AsyncEngine:
+        """The engine thread's handle (metrics read its snapshots)."""
+        return self._engine
+
     async def start(self) -> None:
         return None  # the engine thread started in __init__
 

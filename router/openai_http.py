@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP server (FastAPI on uvicorn).
 
 ``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``), ``/v1/models`` and
-``/health`` (with KV-block load, for probes and tests). Errors use OpenAI's body:
-``{"error": {"message", "type", "param", "code"}}``.
+``/health`` (with KV-block load, for probes and tests) and ``/metrics`` (Prometheus). Errors
+use OpenAI's body: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from engine.outputs import RequestOutput
@@ -98,6 +99,12 @@ def build_app(router: Router) -> FastAPI:
             status_code=200 if ok else 503,
         )
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(
+            generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         info = backend.model_info()
@@ -123,6 +130,7 @@ def build_app(router: Router) -> FastAPI:
             greq = router.prepare(params, prompt=prompt, priority=body.priority, id_prefix="cmpl")
             slot = router.admit()
         except RequestError as e:
+            router.metrics.rejected(e)
             return error_response(e)
         fmt = CompletionFormatter(greq.request_id, router.model_name, backend.token_strings)
         return await _respond(request, router, greq, body.timeout, fmt, slot, body)
@@ -142,6 +150,7 @@ def build_app(router: Router) -> FastAPI:
             )
             slot = router.admit()
         except RequestError as e:
+            router.metrics.rejected(e)
             return error_response(e)
         fmt = ChatFormatter(greq.request_id, router.model_name, backend.token_strings)
         return await _respond(request, router, greq, body.timeout, fmt, slot, body)

@@ -15,6 +15,7 @@ import uvicorn
 from router.admission import Admission
 from router.backend import Backend
 from router.grpc_server import GrpcServer
+from router.metrics import RouterMetrics
 from router.openai_http import build_app
 from router.service import Router
 
@@ -57,13 +58,15 @@ async def serve_router(
     backend: Backend,
     options: ServerOptions,
     on_ready: Callable[[str, str], None] | None = None,
+    metrics: RouterMetrics | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop both servers and close the backend.
 
-    ``on_ready(grpc_address, http_url)`` is called once both servers listen.
+    ``on_ready(grpc_address, http_url)`` is called once both servers listen. ``metrics``
+    (default: role "router", no SLOs) is served at ``/metrics`` on the HTTP port.
     """
     await backend.start()
-    router = Router(backend, Admission(options.max_queue, options.retry_after_s))
+    router = Router(backend, Admission(options.max_queue, options.retry_after_s), metrics)
     grpc_server = GrpcServer(router, _hostport(options.host, options.grpc_port))
     sock = _listen(options.host, options.http_port)
     http_port = sock.getsockname()[1]

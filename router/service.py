@@ -14,6 +14,7 @@ cancellation, disconnect, an error) aborts the backend request, freeing its bloc
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
@@ -23,13 +24,18 @@ from engine.sampling_params import SamplingParams
 from router.admission import Admission, AdmissionRejected, Slot
 from router.backend import Backend, GenerateRequest
 from router.errors import ErrorKind, RequestError, invalid_argument, unknown_model
+from router.metrics import RouterMetrics
 
 
 class Router:
-    def __init__(self, backend: Backend, admission: Admission) -> None:
+    def __init__(
+        self, backend: Backend, admission: Admission, metrics: RouterMetrics | None = None
+    ) -> None:
         self.backend = backend
         self.admission = admission
         self.model_name = backend.model_info().model
+        self.metrics = metrics or RouterMetrics("router", self.model_name)
+        self.metrics.watch(admission, backend)
 
     def check_model(self, requested: str | None) -> None:
         """An empty or missing model name means the served one."""
@@ -51,6 +57,7 @@ class Router:
         lets the router route by prompt blocks and refuse an oversize prompt before any
         response is started.
         """
+        arrival_time = time.monotonic()
         field = "messages" if messages is not None else "prompt"
         info = self.backend.model_info()
         try:
@@ -86,6 +93,7 @@ class Router:
             sampling_params=params,
             prompt_token_ids=ids,
             priority=priority,
+            arrival_time=arrival_time,
         )
 
     def admit(self) -> Slot:
@@ -110,6 +118,7 @@ class Router:
         """
         loop = asyncio.get_running_loop()
         outputs = self.backend.generate(request)
+        record = self.metrics.record(request)
         try:
             while True:
                 remaining = None if deadline is None else deadline - loop.time()
@@ -130,8 +139,13 @@ class Router:
                     raise RequestError(ErrorKind.INTERNAL, "the engine failed this request")
                 if out.finish_reason == "abort":
                     raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
+                record.output(out)
                 yield out
                 if out.finished:
                     return
+        except BaseException as e:
+            record.fail(e)
+            raise
         finally:
+            record.close()
             await outputs.aclose()  # aborts the request unless it finished
