@@ -7,7 +7,6 @@ import asyncio
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +19,12 @@ from openai.types.chat import ChatCompletionMessageParam
 from pdserve import LLM, SamplingParams
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
-from tests.conftest import TINY_ARCHS
 from tests.engine.engine_utils import random_prompts
 from tests.hf_oracle import hf_greedy
-from tests.router.server_harness import Server, start_server
+from tests.router.conftest import MAX_MODEL_LEN, NUM_KV_BLOCKS
+from tests.router.server_harness import Server
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def llama(model_factory) -> Path:  # type: ignore[no-untyped-def]
-    return model_factory("llama", **TINY_ARCHS["llama"])
-
-
-@pytest.fixture(scope="module")
-def server(llama: Path) -> Iterator[Server]:
-    s = start_server(llama, "--num-kv-blocks", "64", "--max-model-len", "256")
-    yield s
-    assert s.stop() == 0, "".join(s.lines)
-    assert "pdserve: stopped" in "".join(s.lines)
 
 
 @pytest.fixture(scope="module")
@@ -264,8 +250,10 @@ def test_grpc_tokenize_model_info_and_health(server: Server, offline: LLM) -> No
         assert list(tok.token_ids) == offline.tokenizer.encode("hello there")
         assert len(tok.tokens) == len(tok.token_ids)
         info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-        assert info.model == "tiny" and info.max_model_len == 256 and info.block_size == 16
-        assert info.load.num_blocks == 64
+        assert (
+            info.model == "tiny" and info.max_model_len == MAX_MODEL_LEN and info.block_size == 16
+        )
+        assert info.load.num_blocks == NUM_KV_BLOCKS
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         health = health_pb2_grpc.HealthStub(channel)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,21 +15,12 @@ import pytest
 
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
-from tests.conftest import TINY_ARCHS
-from tests.router.server_harness import Server, start_server
+from tests.router.conftest import MAX_MODEL_LEN, NUM_KV_BLOCKS
+from tests.router.server_harness import Server
 
 pytestmark = pytest.mark.timeout(300)
 
-MAX_MODEL_LEN = 1024
 LONG = 1000  # output tokens: far longer than any deadline below lets a request run
-
-
-@pytest.fixture(scope="module")
-def server(model_factory) -> Iterator[Server]:  # type: ignore[no-untyped-def]
-    folder: Path = model_factory("llama", **TINY_ARCHS["llama"])
-    s = start_server(folder, "--num-kv-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN))
-    yield s
-    assert s.stop() == 0, "".join(s.lines)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +177,7 @@ def test_grpc_cancel_mid_stream_frees_blocks(
     call = stub.Generate(_long_grpc_request(), timeout=60)
     got = [next(call), next(call), next(call)]
     assert not got[-1].finished
-    assert server.health()["load"]["num_free_blocks"] < 64
+    assert server.health()["load"]["num_free_blocks"] < NUM_KV_BLOCKS
     call.cancel()
     server.wait_pool_free()
     _still_serves(server)

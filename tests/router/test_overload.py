@@ -16,7 +16,6 @@ import pytest
 
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
-from tests.conftest import TINY_ARCHS
 from tests.router.server_harness import Server, start_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,10 +25,9 @@ ADMITTED = [500, 5, 5]  # output tokens; the first outlasts every rejection belo
 
 
 @pytest.fixture(scope="module")
-def server(model_factory) -> Iterator[Server]:  # type: ignore[no-untyped-def]
-    folder: Path = model_factory("llama", **TINY_ARCHS["llama"])
+def busy_server(llama: Path) -> Iterator[Server]:
     s = start_server(
-        folder,
+        llama,
         "--num-kv-blocks", "64", "--max-model-len", "512",
         "--max-queue", str(MAX_QUEUE), "--max-num-seqs", "1", "--retry-after-s", "2",
     )  # fmt: skip
@@ -60,7 +58,7 @@ async def _grpc_generate(address: str) -> grpc.aio.AioRpcError | None:
     return None
 
 
-def test_overload_rejects_quickly_and_admitted_complete(server: Server) -> None:
+def _check_overload(server: Server) -> None:
     async def main() -> tuple[list[httpx.Response], list[httpx.Response], Any, float]:
         async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as client:
             # One long request runs (one slot: --max-num-seqs 1); two short ones wait behind it.
@@ -105,7 +103,7 @@ def test_overload_rejects_quickly_and_admitted_complete(server: Server) -> None:
     assert r.status_code == 200
 
 
-def test_priority_is_honoured(server: Server) -> None:
+def _check_priority(server: Server) -> None:
     """One running slot: a request queued later with a lower priority value runs first."""
 
     async def main() -> dict[str, float]:
@@ -136,3 +134,9 @@ def test_priority_is_honoured(server: Server) -> None:
     # The engine runs "high" whole (20 steps) before "low" starts: a margin of 20 steps.
     assert t["high_first"] < t["low_first"]
     server.wait_pool_free()
+
+
+def test_admission_and_priority(busy_server: Server) -> None:
+    # One test, not two: xdist would otherwise start this server in both workers.
+    _check_overload(busy_server)
+    _check_priority(busy_server)
