@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -25,6 +27,32 @@ _STATUS = {
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
+
+
+class Undecodable:
+    """A request protobuf could not parse (e.g. a string field holding invalid UTF-8)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A request deserializer that hands a parse failure to the method, which answers
+    INVALID_ARGUMENT (grpc's own handling of a failed parse would say INTERNAL)."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as e:
+            return Undecodable(str(e))
+
+    return deserialize
+
+
+def _undecodable(request: object) -> RequestError | None:
+    if isinstance(request, Undecodable):
+        return RequestError(ErrorKind.INVALID, f"request: cannot parse it: {request.error}")
+    return None
 
 
 async def _abort(context: grpc.aio.ServicerContext, e: RequestError) -> None:
@@ -92,6 +120,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         router = self.router
         try:
+            if (bad := _undecodable(request)) is not None:
+                raise bad
             router.check_model(request.model)
             try:
                 params = sampling_params_from_proto(request.sampling_params)
@@ -122,6 +152,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         try:
+            if (bad := _undecodable(request)) is not None:
+                raise bad
             self.router.check_model(request.model)
         except RequestError as e:
             await _abort(context, e)
@@ -161,7 +193,7 @@ class GrpcServer:
 
     def __init__(self, router: Router, address: str) -> None:
         self.server = grpc.aio.server()
-        pb_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(router), self.server)
+        self._add_generation_service(GenerationServicer(router))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -170,6 +202,30 @@ class GrpcServer:
         self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot listen for gRPC on {address}")
+
+    def _add_generation_service(self, servicer: GenerationServicer) -> None:
+        # What pb_grpc.add_GenerationServiceServicer_to_server does, with lenient parsing.
+        handlers = {
+            "Generate": grpc.unary_stream_rpc_method_handler(
+                servicer.Generate,
+                request_deserializer=_lenient(pb.GenerateRequest.FromString),
+                response_serializer=pb.GenerateResponse.SerializeToString,
+            ),
+            "Tokenize": grpc.unary_unary_rpc_method_handler(
+                servicer.Tokenize,
+                request_deserializer=_lenient(pb.TokenizeRequest.FromString),
+                response_serializer=pb.TokenizeResponse.SerializeToString,
+            ),
+            "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+                servicer.GetModelInfo,
+                request_deserializer=_lenient(pb.GetModelInfoRequest.FromString),
+                response_serializer=pb.ModelInfo.SerializeToString,
+            ),
+        }
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+        self.server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
     async def start(self) -> None:
         await self.server.start()

@@ -160,7 +160,8 @@ def test_grpc_invalid_utf8_is_refused_and_server_keeps_serving(server: Server) -
         )
         with pytest.raises(grpc.RpcError) as info:
             list(call(raw, timeout=30))
-    assert info.value.code() != grpc.StatusCode.OK
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in (info.value.details() or "")
     _still_serves(server)
 
 
