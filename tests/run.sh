@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Prometheus and promtool (Debian's package) for tests/observability; CI runs this as root.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus
+fi
 # The CPU wheel of torch 2.13.0 is on local disk; pinning it first keeps pip from pulling a
 # multi-GB CUDA build for any dependency that asks for torch.
 python3 -m pip install --quiet "torch==2.13.0"
