@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-port", type=int, default=0)
     add_engine_args(p)
     a = p.parse_args(argv)
+    # ucxx without Python futures awaits every pending receive with a sleep(0) polling loop:
+    # an idle worker burnt 50-100% of a core. With them (one event loop per process, as here)
+    # an idle worker uses ~2%. Must be set before ucxx is imported.
+    os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=a.model, **engine_options(a))
     metrics_port = None if a.metrics_port < 0 else a.metrics_port
