@@ -72,8 +72,10 @@ class Backend(Protocol):
         """Stream the request's per-step outputs; the last has ``finished`` set.
 
         Raises ValueError, whose message starts with the offending field's name, before
-        yielding anything when the request is invalid (e.g. the prompt is too long). Closing
-        or cancelling the generator early aborts the request and frees its blocks.
+        yielding anything when the request is invalid (e.g. the prompt is too long), and
+        ``router.errors.RequestError`` for its own failures (e.g. UNAVAILABLE while shutting
+        down). Closing or cancelling the generator early aborts the request and frees its
+        blocks.
         """
         ...
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, EngineShutdownError
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from router.backend import GenerateRequest, Load, ModelInfo
+from router.errors import ErrorKind, RequestError
 
 
 class LocalEngineBackend:
@@ -61,14 +63,20 @@ class LocalEngineBackend:
     def is_healthy(self) -> bool:
         return self._engine.is_running
 
-    def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
-        return self._engine.generate(
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        stream = self._engine.generate(
             request.request_id,
             prompt=request.prompt,
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             priority=request.priority,
         )
+        try:
+            async with contextlib.aclosing(stream):  # closing this generator aborts the request
+                async for out in stream:
+                    yield out
+        except EngineShutdownError as e:
+            raise RequestError(ErrorKind.UNAVAILABLE, f"the server is shutting down: {e}") from None
 
     def abort(self, request_id: str) -> None:
         self._engine.abort(request_id)
