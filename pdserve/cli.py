@@ -340,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     router.set_defaults(func=_cmd_router)
     sub.add_parser("prefill", help="run a prefill worker (see `pdserve prefill --help`)")
     sub.add_parser("decode", help="run a decode worker (see `pdserve decode --help`)")
+    from pdserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
