@@ -6,12 +6,14 @@ load that was sent: a metric that lies fails here too."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -185,6 +187,7 @@ def _load(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def loaded(server: Server, prometheus: Prometheus) -> Prometheus:
+    started = time.time()
     _load(server)
     server.wait_pool_free(timeout_s=30)
     sel = f'namespace="{NAMESPACE}", model="{MODEL}"'
@@ -197,6 +200,12 @@ def loaded(server: Server, prometheus: Prometheus) -> Prometheus:
     time.sleep(2.5)  # two more scrapes and rule evaluations after the last increase
     for name in recorded_names():
         prometheus.wait(f"recording rule {name}", lambda n=name: bool(prometheus.query(n)))  # type: ignore[misc]
+    png = os.environ.get("PDSERVE_PANELS_PNG")
+    if png:
+        from tests.observability.panels_png import render
+
+        window = {**VARIABLES, "__rate_interval": "5s"}
+        render(prometheus.url, Path(png), started - 5, time.time(), window)
     return prometheus
 
 
