@@ -33,7 +33,8 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, single_threaded_decode: bool = True) -> None:
+        self.single_threaded_decode = single_threaded_decode
         self._plan: list[_SeqPlan] = []
         self._masks: dict[int | None, _Masks] = {}
         self._store_blocks = torch.empty(0, dtype=torch.long)
@@ -111,11 +112,38 @@ class TorchAttentionBackend:
         k_cache[self._store_blocks, self._store_offsets] = k_new
         v_cache[self._store_blocks, self._store_offsets] = v_new
 
-        num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-        group = num_heads // num_kv_heads
-        window = meta.sliding_window
         out = torch.empty_like(q)
+        window = meta.sliding_window
+        self._attend(q, k_cache, v_cache, out, masks, window, scale, decode=False)
+        # Decode rows are many tiny ops: with several intra-op threads each one pays a
+        # thread-pool barrier, which costs milliseconds on a busy machine. One thread is faster.
+        num_threads = torch.get_num_threads()
+        if num_threads > 1 and not q.is_cuda and self.single_threaded_decode:
+            torch.set_num_threads(1)
+        try:
+            self._attend(q, k_cache, v_cache, out, masks, window, scale, decode=True)
+        finally:
+            if torch.get_num_threads() != num_threads:
+                torch.set_num_threads(num_threads)
+        return out
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        masks: _Masks,
+        window: int | None,
+        scale: float,
+        decode: bool,
+    ) -> None:
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = k_cache.shape[2]
+        group = num_heads // num_kv_heads
         for p, (mask, is_causal) in zip(self._plan, masks, strict=True):
+            if (p.q_len == 1) != decode:
+                continue
             keys = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)
             values = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)
             if p.q_len == 1:
@@ -137,4 +165,3 @@ class TorchAttentionBackend:
                 enable_gqa=group > 1,
             )
             out[p.q_start : p.q_end] = o[0].transpose(0, 1)
-        return out
