@@ -50,7 +50,7 @@ class WorkloadConfig:
     cancel_fraction: float = 0.0
     prompts_file: str | None = None
     token_id_low: int = 10
-    token_id_high: int = 1000
+    token_id_high: int = 500
 
     def spec(self) -> WorkloadSpec:
         d = asdict(self)

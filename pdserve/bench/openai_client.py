@@ -30,6 +30,7 @@ class OpenAIClient:
         temperature: float = 0.0,
         extra_body: dict[str, Any] | None = None,
         timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,  # tests script the server with it
     ) -> None:
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be completions or chat, got {api!r}")
@@ -50,6 +51,7 @@ class OpenAIClient:
             timeout=httpx.Timeout(timeout_s, connect=30.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             trust_env=False,
+            transport=transport,
         )
 
     async def model_name(self) -> str:

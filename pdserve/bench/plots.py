@@ -79,7 +79,8 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     for ax, name in zip(axes, ("TTFT", "ITL", "end-to-end"), strict=True):
         ax.set(xlabel=f"{name} (ms)", ylabel="fraction", title=f"{name} CDF")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
     paths.append(out_dir / "latency_cdf.png")

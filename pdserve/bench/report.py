@@ -74,8 +74,11 @@ def summary_table(title: str, s: Summary) -> Table:
         rows.append(("SLO attainment", f"{100 * (s.slo_attainment or 0.0):.1f}%"))
     for name, row in rows:
         t.add_row(name, row)
-    for error, count in s.errors.items():
+    top = sorted(s.errors.items(), key=lambda kv: -kv[1])
+    for error, count in top[:3]:
         t.add_row(f"failed x{count}", error[:120])
+    if len(top) > 3:
+        t.add_row("failed", f"... {len(top) - 3} more distinct errors (results.json)")
     return t
 
 

@@ -98,7 +98,10 @@ async def run_bench(
     slo = config.slo.slo()
     client = make_client(config.target)
     try:
-        model = await client.model_name()
+        try:
+            model = await client.model_name()
+        except Exception as e:  # the first contact: say where, not a traceback
+            raise RuntimeError(f"cannot reach {config.target.url}: {type(e).__name__}: {e}") from e
         result = BenchResult(
             config=config,
             model=model,

@@ -30,7 +30,7 @@ class WorkloadSpec:
     cancel_fraction: float = 0.0  # share of requests the client cancels mid-stream
     prompts_file: str | None = None  # JSONL; replaces the synthetic prompts
     token_id_low: int = 10  # synthetic token ids are drawn from [low, high)
-    token_id_high: int = 1000
+    token_id_high: int = 500  # inside every vocabulary worth benchmarking
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
