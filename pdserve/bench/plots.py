@@ -75,7 +75,8 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         for ax, values in zip(axes, series, strict=True):
             if values:
                 ms = sorted(v * 1000 for v in values)
-                ax.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=p.result.load.label)
+                ys = [(i + 1) / len(ms) for i in range(len(ms))]
+                ax.plot(ms, ys, drawstyle="steps-post", label=p.result.load.label)
     for ax, name in zip(axes, ("TTFT", "ITL", "end-to-end"), strict=True):
         ax.set(xlabel=f"{name} (ms)", ylabel="fraction", title=f"{name} CDF")
         ax.grid(alpha=0.3)
