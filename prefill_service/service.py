@@ -29,6 +29,7 @@ from engine.outputs import PrefillProgress, RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError
 from pdserve.wire import sampling_params_from_proto
+from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
 
@@ -165,8 +166,13 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
                 final = await final_task
                 assert progress.first_token_id is not None
                 logprob = 0.0
+                top: list[gpb.TopLogprob] = []
                 if final.new_logprobs and final.new_logprobs[0].logprob is not None:
                     logprob = final.new_logprobs[0].logprob
+                    top = [
+                        gpb.TopLogprob(token_id=t, logprob=lp)
+                        for t, lp in final.new_logprobs[0].top_logprobs
+                    ]
                 await transfer.finish(progress.first_token_id, logprob, todo, src)
                 finished = True
                 self.kv_transfer_seconds.observe(time.monotonic() - prompt_done)
@@ -177,6 +183,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
                     num_blocks_sent=num_sent,
                     num_blocks_skipped=len(ticket.cached_blocks),
                     prefill_seconds=time.monotonic() - started,
+                    first_token_top_logprobs=top,
                 )
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

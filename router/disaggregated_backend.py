@@ -57,7 +57,7 @@ class DisaggregatedBackend:
         block_size: int = 16,
         max_model_len: int | None = None,
         local_prefill_max_tokens: int = 0,
-        load_poll_s: float = 0.5,
+        load_poll_s: float = 0.1,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -109,7 +109,8 @@ class DisaggregatedBackend:
         return self._info
 
     def load(self) -> Load:
-        loads = [w.load for w in self._decode if w.load is not None]
+        """Decode and prefill pools together (a snapshot at most ``load_poll_s`` old)."""
+        loads = [w.load for w in self._decode + self._prefill if w.load is not None]
         return Load(
             num_blocks=sum(x.num_blocks for x in loads),
             num_free_blocks=sum(x.num_free_blocks for x in loads),
@@ -170,10 +171,19 @@ class DisaggregatedBackend:
                 # A failed prefill means decode's reservation is released: its stream then
                 # ends with UNAVAILABLE. Cancel at once so the client hears sooner.
                 prefill_task.add_done_callback(lambda t: _cancel_on_error(t, call))
+            first_output = True
             while True:
                 msg = await self._read(call)
                 if msg is None:
                     break
+                if first_output and prefill_task is not None and msg.output.logprobs:
+                    # Only prefill saw the first token's whole distribution: decode got the
+                    # token and its logprob over the KV channel; take the top-n from prefill.
+                    response = await prefill_task
+                    msg.output.logprobs[0].top_logprobs.extend(
+                        response.first_token_top_logprobs
+                    )
+                first_output = False
                 out = acc.add(msg.output)
                 yield out
                 if out.finished:

@@ -25,6 +25,12 @@ class Server:
     http_url: str
     model: str
     lines: list[str]
+    colocated: bool = True
+
+    @property
+    def num_pools(self) -> int:
+        """KV pools behind the router: 1 colocated; decode + prefill when disaggregated."""
+        return 1 if self.colocated else 2
 
     def health(self) -> dict[str, Any]:
         r = httpx.get(f"{self.http_url}/health", timeout=10)
@@ -92,7 +98,7 @@ def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
     if not ready.wait(STARTUP_TIMEOUT_S) or "http" not in found:
         proc.kill()
         raise RuntimeError("server did not start:\n" + "".join(lines))
-    server = Server(proc, found["grpc"], found["http"], "tiny", lines)
+    server = Server(proc, found["grpc"], found["http"], "tiny", lines, colocated)
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -48,20 +48,22 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., reservation: _Optional[_Union[_kv_transfer_pb2.KVReservation, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "first_token_logprob", "num_cached_tokens", "num_blocks_sent", "num_blocks_skipped", "prefill_seconds")
+    __slots__ = ("first_token_id", "first_token_logprob", "num_cached_tokens", "num_blocks_sent", "num_blocks_skipped", "prefill_seconds", "first_token_top_logprobs")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_SENT_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     first_token_logprob: float
     num_cached_tokens: int
     num_blocks_sent: int
     num_blocks_skipped: int
     prefill_seconds: float
-    def __init__(self, first_token_id: _Optional[int] = ..., first_token_logprob: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., num_blocks_sent: _Optional[int] = ..., num_blocks_skipped: _Optional[int] = ..., prefill_seconds: _Optional[float] = ...) -> None: ...
+    first_token_top_logprobs: _containers.RepeatedCompositeFieldContainer[_generate_pb2.TopLogprob]
+    def __init__(self, first_token_id: _Optional[int] = ..., first_token_logprob: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., num_blocks_sent: _Optional[int] = ..., num_blocks_skipped: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., first_token_top_logprobs: _Optional[_Iterable[_Union[_generate_pb2.TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()
