@@ -160,6 +160,13 @@ class Scheduler:
         if not preempted:
             while self.swapped and len(self.running) < self.config.max_num_seqs:
                 request = self.swapped[0]
+                # Room for its blocks *and* this step's new tokens, or it would be swapped in
+                # only to be preempted again at once.
+                num_new = self._num_tokens_to_schedule(request, budget)
+                need = self.block_manager.num_blocks_for(request.num_computed_tokens + num_new)
+                extra = max(0, need - len(self.block_manager.host_block_table(request.request_id)))
+                if not self.block_manager.can_swap_in(request.request_id, extra):
+                    break
                 pairs = self.block_manager.swap_in(request.request_id)
                 if pairs is None:
                     break
