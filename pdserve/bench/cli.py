@@ -77,6 +77,14 @@ def add_bench_parser(sub: Any) -> None:
     o.add_argument("--no-plots", action="store_true")
     o.add_argument("--no-progress", action="store_true")
     o.add_argument("--dry-run", action="store_true", help="print the effective config and exit")
+    o.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS",
+        help="run nothing: tabulate these results.json files (or --out folders) side by side "
+        "and, with --out, plot their CDFs in compare_cdf.png",
+    )
     p.set_defaults(func=run)
 
 
@@ -158,6 +166,21 @@ class _RichProgress:
         self._bar.stop()
 
 
+def _compare(a: argparse.Namespace, console: Any) -> int:
+    from pdserve.bench.compare import compare_table, load_runs, write_compare_plot
+
+    try:
+        runs = load_runs(a.compare)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    console.print(compare_table(runs))
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        console.print(f"wrote {write_compare_plot(runs, a.out / 'compare_cdf.png')}")
+    return 0
+
+
 def run(a: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -166,6 +189,8 @@ def run(a: argparse.Namespace) -> int:
     # Tables go to stdout, wide enough for the sweep table even when piped to a file.
     console = Console(width=None if sys.stdout.isatty() else 160)
     errors = Console(stderr=True)  # progress and log lines
+    if a.compare:
+        return _compare(a, console)
     try:
         base = load_config(a.config) if a.config else {}
         config = BenchConfig.from_dict(merge(base, _overrides(a)))

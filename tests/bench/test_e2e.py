@@ -66,6 +66,15 @@ def test_closed_loop_http(server: Server, tmp_path: Path) -> None:
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert "[workload]" in (tmp_path / "config.toml").read_text()
     server.wait_pool_free()
+    # Side by side (here: the run with itself): a table and the CDFs, nothing sent.
+    cmp = tmp_path / "cmp"
+    assert (
+        main(
+            ["bench", "--compare", str(tmp_path), str(tmp_path / "results.json"), "--out", str(cmp)]
+        )
+        == 0
+    )
+    assert (cmp / "compare_cdf.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_open_loop_http_with_cancels_sweep(server: Server, tmp_path: Path) -> None:
