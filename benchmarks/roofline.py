@@ -66,13 +66,60 @@ def measure_gemm(row_counts: list[int], min_s: float = 0.5) -> dict[str, Any]:
     return {"num_threads": torch.get_num_threads(), "by_m": by_m, "best_layer_gflops": best}
 
 
+def measure_streamed(row_counts: list[int], passes: int = 5) -> dict[str, Any]:
+    """Per-step cost of all decoder layers' GEMMs when weights come from DRAM, as in a real
+    forward pass: every layer has its own weights (the whole model's, ~425 MB in fp32), so
+    nothing stays in cache between calls. At decode-like ``M`` this is bandwidth-bound; the
+    fastest pass gives GB/s of weights streamed and GFLOP/s."""
+    shape = model_shape()
+    layers = [
+        [torch.randn(n, k, dtype=torch.float32) for _, k, n in shape.linear_shapes()]
+        for _ in range(shape.num_hidden_layers)
+    ]
+    weight_bytes = sum(w.numel() * 4 for layer in layers for w in layer)
+    by_m: dict[str, dict[str, float]] = {}
+    with torch.inference_mode():
+        for m in row_counts:
+            xs = {k: torch.randn(m, k, dtype=torch.float32) for _, k, _ in shape.linear_shapes()}
+            times = []
+            for _ in range(passes + 1):
+                t0 = time.perf_counter()
+                for layer in layers:
+                    for w in layer:
+                        F.linear(xs[w.shape[1]], w)
+                times.append(time.perf_counter() - t0)
+            fastest = min(times[1:])
+            flops = 2.0 * m * shape.params_in_linear_layers
+            by_m[str(m)] = {
+                "pass_ms": fastest * 1e3,
+                "weight_gb_per_s": weight_bytes / fastest / 1e9,
+                "gflops": flops / fastest / 1e9,
+            }
+    return {"weight_bytes": weight_bytes, "by_m": by_m}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--m", type=int, nargs="+", default=[32, 128, 512])
     parser.add_argument("--min-s", type=float, default=0.5, help="seconds timed per shape")
     parser.add_argument("--out", help="write the result as JSON here")
+    parser.add_argument(
+        "--streamed",
+        type=int,
+        nargs="*",
+        metavar="M",
+        help="also time all 30 layers' GEMMs with weights streamed from DRAM at these M "
+        "(decode-like rows, e.g. 1 16 32)",
+    )
     args = parser.parse_args()
     result = measure_gemm(args.m, args.min_s)
+    if args.streamed:
+        result["streamed"] = measure_streamed(args.streamed)
+        for m, r in result["streamed"]["by_m"].items():
+            print(
+                f"streamed, M={m:>4}: {r['pass_ms']:.1f} ms for 30 layers' GEMMs, "
+                f"{r['weight_gb_per_s']:.1f} GB/s of weights, {r['gflops']:.1f} GFLOP/s"
+            )
     for m, rates in result["by_m"].items():
         print(
             f"M={m:>4}: layer {rates['layer_gflops']:.1f} GFLOP/s fastest call, "
