@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.bench.records import RequestRecord
+from pdserve.bench.runner import Progress
 
 DESCRIPTION = """\
 Benchmark a serving endpoint: any OpenAI-compatible server (--url http://HOST:PORT/v1) or
@@ -140,7 +141,7 @@ def _normalize_url(url: str) -> str:
     return url
 
 
-class _RichProgress:
+class _RichProgress(Progress):
     def __init__(self, console: Any) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -202,13 +203,13 @@ def run(a: argparse.Namespace) -> int:
         print(to_toml(config))
         return 0
     from pdserve.bench.report import print_report, write_json
-    from pdserve.bench.runner import Progress, run_bench
+    from pdserve.bench.runner import run_bench
     from pdserve.bench.server_launch import launched_server
 
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "config.toml").write_text(to_toml(config), encoding="utf-8")
-    progress: Progress | None = None if a.no_progress else _RichProgress(errors)  # type: ignore[assignment]
+    progress = None if a.no_progress else _RichProgress(errors)
     try:
         with launched_server(
             config.server.command,

@@ -107,7 +107,20 @@ def test_closed_loop_grpc(server: Server, tmp_path: Path) -> None:
     assert (s["num_completed"], s["num_failed"]) == (5, 0), s["errors"]
     assert s["total_output_tokens"] == sum(expected_max_tokens(5))
     assert s["output_token_throughput"] > 0 and s["itl_ms"]["n"] > 0
+    records = report["points"][0]["records"]
+    assert [r["num_output_tokens"] for r in records] == expected_max_tokens(5)
     server.wait_pool_free()
+
+
+def test_open_loop_grpc_with_cancels(server: Server, tmp_path: Path) -> None:
+    report = bench(
+        tmp_path, "--url", f"grpc://{server.grpc_address}", "--rate", "20",
+        "--num-requests", "8", "--cancel-fraction", "0.5", "--no-plots",
+    )  # fmt: skip
+    s = report["points"][0]["summary"]
+    assert s["num_failed"] == 0, s["errors"]
+    assert s["num_completed"] + s["num_cancelled"] == 8 and s["num_cancelled"] >= 1
+    server.wait_pool_free()  # cancelled calls freed their KV blocks
 
 
 def test_unreachable_target_fails_cleanly(tmp_path: Path) -> None:
