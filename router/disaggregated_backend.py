@@ -32,6 +32,7 @@ from protos.pdserve.v1 import worker_pb2_grpc
 from router.backend import GenerateRequest, Load, ModelInfo
 from router.errors import ErrorKind, RequestError
 from router.prefix_index import PrefixIndex
+from router.tokenizer_ops import TokenizerOps
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +60,11 @@ class DisaggregatedBackend:
         local_prefill_max_tokens: int = 0,
         load_poll_s: float = 0.1,
     ) -> None:
-        from transformers import AutoTokenizer
 
         if not decode_targets or not prefill_targets:
             raise ValueError("need at least one decode and one prefill worker")
         mc = load_model_config(model)
-        self._tokenizer: Any = AutoTokenizer.from_pretrained(model)
+        self._text = TokenizerOps(model)
         self._info = ModelInfo(
             model=served_model_name or Path(mc.path).name,
             architecture=mc.architecture,
@@ -180,9 +180,7 @@ class DisaggregatedBackend:
                     # Only prefill saw the first token's whole distribution: decode got the
                     # token and its logprob over the KV channel; take the top-n from prefill.
                     response = await prefill_task
-                    msg.output.logprobs[0].top_logprobs.extend(
-                        response.first_token_top_logprobs
-                    )
+                    msg.output.logprobs[0].top_logprobs.extend(response.first_token_top_logprobs)
                 first_output = False
                 out = acc.add(msg.output)
                 yield out
@@ -201,21 +199,13 @@ class DisaggregatedBackend:
             c.cancel()
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return self._text.tokenize(text, add_special_tokens)
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
-        return [self._tokenizer.decode([t]) for t in token_ids]
+        return self._text.token_strings(token_ids)
 
     def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not getattr(self._tokenizer, "chat_template", None):
-            raise ValueError("messages: this model's tokenizer has no chat template")
-        try:
-            text = self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:
-            raise ValueError(f"messages: the chat template failed: {e}") from e
-        return self.tokenize(str(text), add_special_tokens=False)
+        return self._text.render_chat(messages)
 
     async def close(self) -> None:
         if self._poller is not None:

@@ -10,8 +10,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from pdserve.wire import delta_to_proto, sampling_params_from_proto
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.errors import ErrorKind, RequestError, invalid_argument
@@ -62,55 +61,6 @@ async def _abort(context: grpc.aio.ServicerContext, e: RequestError) -> None:
     await context.abort(_STATUS[e.kind], e.message, trailing_metadata=trailers)
 
 
-def sampling_params_from_proto(sp: pb.SamplingParams) -> SamplingParams:
-    """Unset optional fields take SamplingParams' defaults. Raises ValueError."""
-    return SamplingParams(
-        max_tokens=sp.max_tokens if sp.HasField("max_tokens") else 16,
-        min_tokens=sp.min_tokens,
-        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
-        top_k=sp.top_k,
-        top_p=sp.top_p if sp.HasField("top_p") else 1.0,
-        seed=sp.seed if sp.HasField("seed") else None,
-        stop=tuple(sp.stop),
-        stop_token_ids=tuple(sp.stop_token_ids),
-        ignore_eos=sp.ignore_eos,
-        logprobs=sp.logprobs if sp.HasField("logprobs") else None,
-        include_stop_str_in_output=sp.include_stop_str_in_output,
-        skip_special_tokens=sp.skip_special_tokens if sp.HasField("skip_special_tokens") else True,
-    )
-
-
-def response_from_output(out: RequestOutput) -> pb.GenerateResponse:
-    msg = pb.GenerateResponse(
-        request_id=out.request_id,
-        token_ids=out.new_token_ids,
-        text=out.new_text,
-        finished=out.finished,
-    )
-    for tok in out.new_logprobs or ():
-        msg.logprobs.append(
-            pb.TokenLogprob(
-                token_id=tok.token_id,
-                logprob=tok.logprob or 0.0,
-                top_logprobs=[pb.TopLogprob(token_id=t, logprob=lp) for t, lp in tok.top_logprobs],
-            )
-        )
-    if out.finished:
-        msg.finish_reason = out.finish_reason or ""
-        if isinstance(out.stop_reason, str):
-            msg.stop_str = out.stop_reason
-        elif isinstance(out.stop_reason, int):
-            msg.stop_token_id = out.stop_reason
-        msg.usage.CopyFrom(
-            pb.Usage(
-                prompt_tokens=len(out.prompt_token_ids),
-                completion_tokens=len(out.token_ids),
-                cached_tokens=out.num_cached_tokens,
-            )
-        )
-    return msg
-
-
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -144,7 +94,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             remaining = context.time_remaining()
             try:
                 async for out in router.stream(greq, router.deadline(remaining)):
-                    yield response_from_output(out)
+                    yield delta_to_proto(out)
             except RequestError as e:
                 await _abort(context, e)
 

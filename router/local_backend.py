@@ -14,6 +14,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from router.backend import GenerateRequest, Load, ModelInfo
 from router.errors import ErrorKind, RequestError
+from router.tokenizer_ops import TokenizerOps
 
 
 class LocalEngineBackend:
@@ -24,12 +25,11 @@ class LocalEngineBackend:
     """
 
     def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
-        from transformers import AutoTokenizer
 
         engine = LLMEngine(config)
         mc = engine.model_config
         self._engine = AsyncEngine(engine)
-        self._tokenizer: Any = AutoTokenizer.from_pretrained(mc.path)
+        self._text = TokenizerOps(mc.path)
         self._info = ModelInfo(
             model=served_model_name or Path(mc.path).name,
             architecture=mc.architecture,
@@ -82,22 +82,13 @@ class LocalEngineBackend:
         self._engine.abort(request_id)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return self._text.tokenize(text, add_special_tokens)
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
-        return [self._tokenizer.decode([t]) for t in token_ids]
+        return self._text.token_strings(token_ids)
 
     def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        if not getattr(self._tokenizer, "chat_template", None):
-            raise ValueError("messages: this model's tokenizer has no chat template")
-        try:
-            text = self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:  # jinja errors for messages the template cannot render
-            raise ValueError(f"messages: the chat template failed: {e}") from e
-        # The template writes any BOS itself.
-        return self.tokenize(str(text), add_special_tokens=False)
+        return self._text.render_chat(messages)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._engine.shutdown)

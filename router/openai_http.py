@@ -101,9 +101,7 @@ def build_app(router: Router) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(
-            generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST
-        )
+        return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -13,11 +13,12 @@ import pytest
 from engine.outputs import RequestOutput
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
+from pdserve.wire import delta_to_proto as response_from_output
+from pdserve.wire import sampling_params_from_proto
 from protos.pdserve.v1 import generate_pb2 as pb
 from router.admission import Admission, AdmissionRejected
 from router.backend import Backend, GenerateRequest, Load, ModelInfo
 from router.errors import ErrorKind, RequestError, invalid_argument
-from router.grpc_server import response_from_output, sampling_params_from_proto
 from router.openai_format import ChatFormatter, CompletionFormatter
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.service import Router

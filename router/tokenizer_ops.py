@@ -1,0 +1,33 @@
+"""The router's own tokenizer work (prompts, chat templates, token strings), shared by every
+backend: the engines never see text they did not need to."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class TokenizerOps:
+    def __init__(self, model_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        return [self.tokenizer.decode([t]) for t in token_ids]
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt ids from the tokenizer's chat template, generation prompt appended."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("messages: this model's tokenizer has no chat template")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as e:  # jinja errors for messages the template cannot render
+            raise ValueError(f"messages: the chat template failed: {e}") from e
+        # The template writes any BOS itself.
+        return self.tokenize(str(text), add_special_tokens=False)
