@@ -88,7 +88,9 @@ class GrpcClient:
                     timer.finish()
                     return record
             timer.finish()
-            if record.finish_reason in ("abort", "error"):
+            if record.finish_reason is None:
+                record.error = "the stream ended without a finished message"
+            elif record.finish_reason in ("abort", "error"):
                 record.error = f"finish_reason {record.finish_reason}"
             else:
                 record.status = OK

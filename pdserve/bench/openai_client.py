@@ -112,17 +112,20 @@ class OpenAIClient:
     async def _read_stream(
         self, resp: httpx.Response, request: BenchRequest, record: RequestRecord, timer: StreamTimer
     ) -> bool:
-        """Read SSE events to ``[DONE]``; True when the request was cancelled on purpose."""
+        """Read SSE events to ``[DONE]``; True when the request was cancelled on purpose. A stream
+        that ends without ``[DONE]`` sets ``record.error`` (the server dropped it)."""
+        is_done = False
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                is_done = True
                 break
             event = json.loads(data)
             if "error" in event:
                 record.error = f"stream error: {json.dumps(event['error'])[:500]}"
-                break
+                return False
             for choice in event.get("choices") or ():
                 piece = choice.get("text") if self.api == "completions" else None
                 if self.api == "chat":
@@ -142,6 +145,8 @@ class OpenAIClient:
             if cancel_at is not None and record.num_chunks >= cancel_at:
                 record.num_output_tokens = record.num_chunks
                 return True
+        if not is_done:
+            record.error = "the stream ended without [DONE]"
         if not record.usage_reported:
             record.num_output_tokens = record.num_chunks  # server sent no usage: chunks
         return False

@@ -136,6 +136,7 @@ def test_cancel_after_tokens_closes_the_stream() -> None:
         ([], 429, "HTTP 429"),
         (sse([{"error": {"message": "boom"}}, "[DONE]"]), 200, "stream error"),
         ([b"data: {not json\n\n"], 200, "JSONDecodeError"),
+        (completion_stream(["a"], USAGE)[:-1], 200, "without [DONE]"),
     ],
 )
 def test_failures_are_records(chunks: list[bytes], status: int, match: str) -> None:
