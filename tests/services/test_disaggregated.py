@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from engine.block_hash import hash_block_tokens
 from engine.sampling_params import SamplingParams
 from kv_transfer import is_ucx_available
 from protos.pdserve.v1 import worker_pb2 as wpb
@@ -125,3 +126,33 @@ def test_cancel_mid_stream_frees_both_pools(cluster: tuple[Path, str, str]) -> N
         await backend.close()
 
     asyncio.run(main())
+
+
+def test_short_prompts_prefill_on_decode(cluster: tuple[Path, str, str]) -> None:
+    """Conditional disaggregation: a prompt under the threshold never leaves the decode worker
+    (no transfer is cheaper than any transfer); the tokens are the same either way."""
+    model, decode, prefill = cluster
+    prompt = list(range(11, 31))  # 20 tokens: one full block
+    hashes = hash_block_tokens(prompt, 16)
+
+    async def run(threshold: int) -> tuple[list[int], int]:
+        backend = DisaggregatedBackend(
+            str(model), [decode], [prefill], load_poll_s=0.2, local_prefill_max_tokens=threshold
+        )
+        await backend.start()
+        req = GenerateRequest(
+            f"short-{threshold}",
+            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+            prompt_token_ids=prompt,
+        )
+        outs = [o async for o in backend.generate(req)]
+        await _wait_pools_free(decode, prefill)
+        # The router records the prompts it sends to a prefill worker.
+        sent_to_prefill = backend.prefix_index.match(prefill, hashes)
+        await backend.close()
+        return outs[-1].token_ids, sent_to_prefill
+
+    local_tokens, local_sent = asyncio.run(run(32))
+    remote_tokens, remote_sent = asyncio.run(run(0))
+    assert (local_sent, remote_sent) == (0, 1)
+    assert local_tokens == remote_tokens == hf_greedy(model, prompt, 8)
