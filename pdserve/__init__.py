@@ -5,6 +5,14 @@ llm = LLM()  # the built-in demo model; or LLM(model="/path/to/hf-folder")
 print(llm.generate("Hello", SamplingParams(max_tokens=8))[0].text)
 """
 
+import os
+
+# Before torch loads OpenMP: idle OpenMP threads sleep instead of spin-waiting. On a shared host
+# (CI, a Kubernetes node, two workers on two cores) spinning threads lose their core at every
+# parallel region's end; docs/benchmarks.md measured a 7x slower run with the default policy
+# under load. An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from engine.engine_config import EngineConfig
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
