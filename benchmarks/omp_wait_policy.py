@@ -1,0 +1,76 @@
+"""A/B of OpenMP's wait policy for pdserve's offline engine, alternating in fresh processes.
+
+    python benchmarks/omp_wait_policy.py --num-requests 8 --rounds 2
+
+Each run is a child process with ``OMP_WAIT_POLICY`` set before torch loads; policies alternate
+(PASSIVE, ACTIVE, PASSIVE, ...) so drifting machine load hits both. Prints output tok/s per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_CHILD = """
+import json, sys, time
+from benchmarks.workloads import ensure_model_folder, make_workload
+from pdserve import LLM, SamplingParams
+folder, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = LLM(folder, dtype="float32", num_kv_blocks=2048, skip_tokenizer_init=True)
+reqs = make_workload(n, (32, 512), (16, 256), 800, seed)
+prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
+params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+llm.generate(prompts[:2], [SamplingParams(max_tokens=4, ignore_eos=True)] * 2)
+t = time.perf_counter()
+outs = llm.generate(prompts, params)
+dt = time.perf_counter() - t
+n_out = sum(len(o.token_ids) for o in outs)
+print(json.dumps({"seconds": dt, "output_tokens": n_out,
+                  "prompt_tokens": sum(len(p["prompt_token_ids"]) for p in prompts)}))
+"""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--num-requests", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32",
+    )
+    a = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from benchmarks.workloads import ensure_model_folder
+
+    folder = ensure_model_folder(a.model_dir)
+    print(f"{'policy':8} {'round':>5} {'prompt':>7} {'output':>7} {'seconds':>8} {'tok/s':>7}")
+    for r in range(a.rounds):
+        for policy in ("PASSIVE", "ACTIVE"):
+            env = {**os.environ, "OMP_WAIT_POLICY": policy, "PYTHONPATH": str(REPO)}
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(folder), str(a.num_requests), str(a.seed)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=REPO,
+            )
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            tps = res["output_tokens"] / res["seconds"]
+            print(
+                f"{policy:8} {r + 1:>5} {res['prompt_tokens']:>7} {res['output_tokens']:>7} "
+                f"{res['seconds']:>8.1f} {tps:>7.1f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
