@@ -98,10 +98,19 @@ def test_single_long_chunk_many_tiles(device):
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+# bf16 runs only on a GPU: Triton 3.9's CPU interpreter computes `tl.dot` on bf16 inputs
+# wrongly (the kernel is not at fault; the fp16 case covers the half-precision path here, and
+# benchmarks/kernels.py checks bf16 outputs against torch on a GPU).
+_BF16_ON_GPU_ONLY = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="Triton 3.9's CPU interpreter computes tl.dot on bfloat16 wrongly; runs on a GPU",
+)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, pytest.param(torch.bfloat16, marks=_BF16_ON_GPU_ONLY)]
+)
 def test_half_precision(dtype, device):
-    if dtype == torch.bfloat16 and device.type == "cpu":
-        pytest.skip("triton 3.9's interpreter computes tl.dot on bfloat16 wrongly (GPU only)")
     q, k_cache, v_cache, block_tables, qsl, lens = _mixed_case(
         8, 2, 64, 16, [9, 1], [20, 33], dtype, device
     )
