@@ -1,16 +1,17 @@
-"""helm/dashboards: the JSON is what generate.py makes, and every panel is well formed."""
+"""helm/dashboards: the JSON is what ``python -m pdserve.dashboards`` makes; panels well formed."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from tests.observability.assets import DASHBOARDS, dashboard_files, load_dashboard, selectors
+from tests.observability.assets import REPO_ROOT, dashboard_files, load_dashboard, selectors
 
 
 def test_generated_json_is_fresh() -> None:
     r = subprocess.run(
-        [sys.executable, str(DASHBOARDS / "generate.py"), "--check"],
+        [sys.executable, "-m", "pdserve.dashboards", "--check"],
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
     )
