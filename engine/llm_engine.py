@@ -9,7 +9,6 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,27 +24,17 @@ from engine.metrics import EngineMetrics
 from engine.model_config import load_model_config
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import PrefillProgress, RemotePrefillReservation, RequestMetrics, RequestOutput
+from engine.outputs import PrefillProgress, RemotePrefillReservation, RequestOutput
+from engine.prompt_validation import resolve_prompt_ids
 from engine.request import Request, RequestStatus
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_config import SchedulerConfig
 from engine.scheduler_output import SchedulerOutput
+from engine.tracked_request import TrackedRequest
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Tracked:
-    request: Request
-    prompt: str | None
-    detok: IncrementalDetokenizer | None
-    logprobs: list[SampledToken] | None
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    sent_tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,8 +98,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.backend = get_attention_backend(self.device, config.attention_backend)
         self.runner = ModelRunner(mc, self.model, self.kv_cache, self.backend, self.device)
-        self._tracked: dict[str, _Tracked] = {}
-        self._remote: dict[str, _Tracked] = {}  # decode role: reserved, KV still arriving
+        self._tracked: dict[str, TrackedRequest] = {}
+        self._remote: dict[str, TrackedRequest] = {}  # decode role: reserved, KV still arriving
         self._exporting: set[str] = set()  # prefill role: requests whose KV is shipped out
         self._progress: list[PrefillProgress] = []
         self._ids = itertools.count()
@@ -174,38 +163,21 @@ class LLMEngine:
         prompt_token_ids: Sequence[int] | None,
         priority: int,
         arrival_time: float | None,
-    ) -> tuple[Request, _Tracked]:
+    ) -> tuple[Request, TrackedRequest]:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         if request_id in self._tracked or request_id in self._remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("prompt: give a prompt or prompt_token_ids")
-            if not isinstance(prompt, str):
-                raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-            if not prompt:
-                raise ValueError("prompt must not be empty")
-            ids = self.tokenize(prompt)
-        else:
-            ids = list(prompt_token_ids)
-        if not ids:
-            raise ValueError("prompt must not be empty")
-        vocab = self.model_config.vocab_size
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {t!r}")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens; it must be shorter than max_model_len "
-                f"({self.max_model_len}) to leave room for output"
-            )
         capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        if len(ids) >= capacity:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens; the KV cache holds at most {capacity - 1}"
-            )
+        ids = resolve_prompt_ids(
+            prompt,
+            prompt_token_ids,
+            self.tokenize,
+            self.model_config.vocab_size,
+            self.max_model_len,
+            capacity,
+        )
         request = Request(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -226,7 +198,9 @@ class LLMEngine:
             )
         elif params.stop:
             raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
-        tracked = _Tracked(request, prompt, detok, [] if params.logprobs is not None else None)
+        tracked = TrackedRequest(
+            request, prompt, detok, [] if params.logprobs is not None else None
+        )
         return request, tracked
 
     def abort_request(self, request_id: str) -> bool:
@@ -371,49 +345,15 @@ class LLMEngine:
                 )
             )
 
-    def _make_output(self, t: _Tracked, token: SampledToken, now: float) -> RequestOutput:
+    def _make_output(self, t: TrackedRequest, token: SampledToken, now: float) -> RequestOutput:
         request = t.request
-        if t.first_token_time is None:
-            t.first_token_time = now
-        if t.logprobs is not None:
-            t.logprobs.append(token)
-        new_ids = request.output_token_ids[t.sent_tokens :]
-        t.sent_tokens = request.num_output_tokens
+        new_ids = t.new_token_ids()
         finished = request.is_finished
-        if t.detok is not None:
-            t.detok.update(new_ids)
-            if t.detok.stop_string is not None and not finished:
-                self.scheduler.finish_request(
-                    request.request_id, RequestStatus.FINISHED_STOPPED, t.detok.stop_string
-                )
-                finished = True
-            if finished:
-                t.detok.flush()
-            new_text = t.detok.take_new_text(finished)
-            text = t.detok.emitted_text
-        else:
-            new_text, text = "", ""
+        if t.detok is not None and t.detok.stop_string is not None and not finished:
+            self.scheduler.finish_request(
+                request.request_id, RequestStatus.FINISHED_STOPPED, t.detok.stop_string
+            )
+            finished = True
         if finished:
             self._tracked.pop(request.request_id, None)
-        metrics = RequestMetrics(
-            arrival_time=request.arrival_time,
-            first_scheduled_time=t.first_scheduled_time,
-            first_token_time=t.first_token_time,
-            finished_time=now if finished else None,
-        )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=request.output_token_ids,
-            text=text,
-            new_token_ids=list(new_ids),
-            new_text=new_text,
-            finished=finished,
-            finish_reason=request.status.value if finished else None,
-            stop_reason=request.stop_reason,
-            logprobs=list(t.logprobs) if t.logprobs is not None else None,
-            new_logprobs=[token] if t.logprobs is not None else None,
-            num_cached_tokens=request.num_cached_tokens,
-            prompt=t.prompt,
-            metrics=metrics,
-        )
+        return t.make_output(token, new_ids, now, finished)

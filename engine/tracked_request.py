@@ -1,0 +1,68 @@
+"""What the engine keeps per request beyond the scheduler's state: its detokenizer, logprobs,
+timings, and how much has been handed out; it builds the per-step ``RequestOutput``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.request import Request
+from engine.sampler import SampledToken
+
+
+@dataclass
+class TrackedRequest:
+    request: Request
+    prompt: str | None
+    detok: IncrementalDetokenizer | None
+    logprobs: list[SampledToken] | None  # None unless the request asked for logprobs
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    sent_tokens: int = 0  # output tokens already handed out
+
+    def new_token_ids(self) -> list[int]:
+        """Output tokens not handed out yet; feeds them to the detokenizer."""
+        new_ids = self.request.output_token_ids[self.sent_tokens :]
+        self.sent_tokens = self.request.num_output_tokens
+        if self.detok is not None:
+            self.detok.update(new_ids)
+        return new_ids
+
+    def make_output(
+        self, token: SampledToken, new_ids: list[int], now: float, finished: bool
+    ) -> RequestOutput:
+        """This step's output: the delta since the last one plus everything so far."""
+        request = self.request
+        if self.first_token_time is None:
+            self.first_token_time = now
+        if self.logprobs is not None:
+            self.logprobs.append(token)
+        if self.detok is not None:
+            if finished:
+                self.detok.flush()
+            new_text = self.detok.take_new_text(finished)
+            text = self.detok.emitted_text
+        else:
+            new_text, text = "", ""
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids,
+            text=text,
+            new_token_ids=list(new_ids),
+            new_text=new_text,
+            finished=finished,
+            finish_reason=request.status.value if finished else None,
+            stop_reason=request.stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            new_logprobs=[token] if self.logprobs is not None else None,
+            num_cached_tokens=request.num_cached_tokens,
+            prompt=self.prompt,
+            metrics=RequestMetrics(
+                arrival_time=request.arrival_time,
+                first_scheduled_time=self.first_scheduled_time,
+                first_token_time=self.first_token_time,
+                finished_time=now if finished else None,
+            ),
+        )
