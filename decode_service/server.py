@@ -5,13 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import signal
 from collections.abc import Sequence
 from pathlib import Path
-
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from decode_service.service import DecodeOwner, DecodeWorkerService
 from engine.async_engine import AsyncEngine
@@ -20,6 +15,13 @@ from engine.llm_engine import LLMEngine
 from kv_transfer import create_receiver, resolve_transport
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
+from pdserve.worker_process import (
+    add_worker_args,
+    metrics_port_of,
+    prepare_worker_process,
+    start_grpc_server,
+    wait_for_stop_signal,
+)
 from protos.pdserve.v1 import worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -46,15 +48,10 @@ async def serve(
     )
     await receiver.start()
     aengine = AsyncEngine(engine)
-    server = grpc.aio.server()
     servicer = DecodeWorkerService(aengine, receiver, owner, kind)
-    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server, bound = await start_grpc_server(
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
+    )
     print(f"decode worker: grpc {host}:{bound}, kv {receiver.endpoint} ({kind})", flush=True)
     metrics = None
     if metrics_port is not None:
@@ -68,11 +65,7 @@ async def serve(
         )
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"decode worker: metrics {metrics.url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     if metrics is not None:
         metrics.close()
     await server.stop(grace=2.0)
@@ -81,27 +74,16 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pdserve.cli import add_engine_args, engine_options
+    from pdserve.cli import engine_options
 
     p = argparse.ArgumentParser(prog="pdserve decode", description="run a decode worker")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50061)
-    p.add_argument(
-        "--metrics-port", type=int, default=0, help="Prometheus /metrics (0 = free port, -1 = off)"
-    )
-    p.add_argument("--served-model-name", default=None, help="the metrics' model label")
+    add_worker_args(p, default_port=50061)
     p.add_argument("--kv-transport", default="auto", help="auto | ucx | tcp")
     p.add_argument("--kv-host", default="127.0.0.1")
     p.add_argument("--kv-port", type=int, default=0)
-    add_engine_args(p)
     a = p.parse_args(argv)
-    # ucxx without Python futures awaits every pending receive with a sleep(0) polling loop:
-    # an idle worker burnt 50-100% of a core. With them (one event loop per process, as here)
-    # an idle worker uses ~2%. Must be set before ucxx is imported.
-    os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    prepare_worker_process()
     config = EngineConfig(model=a.model, **engine_options(a))
-    metrics_port = None if a.metrics_port < 0 else a.metrics_port
     asyncio.run(
         serve(
             config,
@@ -110,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.kv_transport,
             a.kv_host,
             a.kv_port,
-            metrics_port,
+            metrics_port_of(a),
             a.served_model_name,
         )
     )
