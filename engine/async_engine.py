@@ -16,6 +16,7 @@ submitted, so an abort issued after a generate always finds (or outlives) its re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -61,17 +62,6 @@ class _Stream:
 
 
 @dataclass
-class _Add:
-    request_id: str
-    prompt: str | None
-    sampling_params: SamplingParams | None
-    prompt_token_ids: Sequence[int] | None
-    priority: int
-    stream: _Stream
-    accepted: asyncio.Future[None]
-
-
-@dataclass
 class _Attach:
     """Open a stream for a request that ``start`` puts into the engine (e.g. a request whose
     KV arrived from a remote prefill); ``start``'s outputs are delivered first."""
@@ -94,7 +84,7 @@ class _Call:
     result: asyncio.Future[Any]
 
 
-_Command = _Add | _Attach | _Abort | _Call
+_Command = _Attach | _Abort | _Call
 
 
 def error_output(request_id: str, reason: str = "error") -> RequestOutput:
@@ -152,43 +142,35 @@ class AsyncEngine:
         request is aborted and its blocks freed; wrap partial consumption in
         ``contextlib.aclosing`` so that happens promptly.
         """
-        loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue())
-        accepted: asyncio.Future[None] = loop.create_future()
-        self._submit(
-            _Add(request_id, prompt, sampling_params, prompt_token_ids, priority, stream, accepted)
-        )
-        try:
-            await accepted
-        except ValueError:
-            raise  # rejected by add_request: nothing was queued
-        except BaseException:
-            self.abort(request_id)  # cancelled while the add was in flight
-            raise
-        finished = False
-        try:
-            while not finished:
-                out = await stream.queue.get()
-                finished = out.finished
+
+        def start(engine: LLMEngine) -> list[RequestOutput]:
+            engine.add_request(
+                request_id, prompt, sampling_params, prompt_token_ids, priority=priority
+            )
+            return []
+
+        # aclosing: an early exit here closes the inner stream at once, which aborts.
+        async with contextlib.aclosing(self.attach(request_id, start)) as stream:
+            async for out in stream:
                 yield out
-        finally:
-            if not finished:
-                self.abort(request_id)
 
     async def attach(
         self, request_id: str, start: Callable[[LLMEngine], list[RequestOutput]]
     ) -> AsyncGenerator[RequestOutput, None]:
         """Run ``start(engine)`` on the engine thread (it admits ``request_id`` some other way
         than ``add_request``) and stream the request's outputs, ``start``'s own first. Errors
-        from ``start`` are raised before anything is yielded. Early exit aborts the request."""
+        from ``start`` (ValueError for bad input) are raised before anything is yielded. Early
+        exit aborts the request."""
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         accepted: asyncio.Future[None] = loop.create_future()
         self._submit(_Attach(request_id, start, stream, accepted))
         try:
             await accepted
+        except ValueError:
+            raise  # rejected by start (e.g. add_request): nothing was queued under this id
         except BaseException:
-            self.abort(request_id)
+            self.abort(request_id)  # cancelled while start was in flight
             raise
         finished = False
         try:
@@ -269,25 +251,7 @@ class AsyncEngine:
         return self.engine.has_unfinished_requests()
 
     def _execute(self, command: _Command, stopping: bool) -> None:
-        if isinstance(command, _Add):
-            err: BaseException | None = None
-            if stopping:
-                err = EngineShutdownError("the engine is shut down")
-            else:
-                try:
-                    self.engine.add_request(
-                        command.request_id,
-                        command.prompt,
-                        command.sampling_params,
-                        command.prompt_token_ids,
-                        priority=command.priority,
-                    )
-                except Exception as e:  # ValueError for bad input; anything else is ours
-                    err = e
-            if err is None:
-                self._streams[command.request_id] = command.stream
-            _resolve(command.stream.loop, command.accepted, None, err)
-        elif isinstance(command, _Attach):
+        if isinstance(command, _Attach):
             if stopping:
                 _resolve(
                     command.stream.loop,
