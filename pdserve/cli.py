@@ -163,7 +163,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
     import socket
 
     from engine.demo_model import demo_model_path
-    from pdserve.launch import _cpus, engine_argv, start_worker, stop_workers, wait_healthy
+    from pdserve.launch import engine_argv, parse_cpus, start_worker, stop_workers, wait_healthy
     from router.disaggregated_backend import DisaggregatedBackend
 
     def port_or_free(port: int) -> int:
@@ -192,7 +192,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     "--metrics-port",
                     str(a.decode_metrics_port),
                 ],
-                _cpus(a.decode_cpus),
+                parse_cpus(a.decode_cpus),
             )
         )
         procs.append(
@@ -207,7 +207,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     "--metrics-port",
                     str(a.prefill_metrics_port),
                 ],
-                _cpus(a.prefill_cpus),
+                parse_cpus(a.prefill_cpus),
             )
         )
         decode_target = f"{a.worker_host}:{decode_port}"

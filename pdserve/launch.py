@@ -44,7 +44,7 @@ def engine_argv(a: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _cpus(spec: str | None) -> set[int] | None:
+def parse_cpus(spec: str | None) -> set[int] | None:
     if not spec:
         return None
     return {int(x) for x in spec.split(",") if x.strip()}
