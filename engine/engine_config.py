@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.scheduler_config import PreemptionModeName, QueuePolicyName
+from engine.scheduler_config import BatchingName, PreemptionModeName, QueuePolicyName
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class EngineConfig:
     scheduling_policy: QueuePolicyName = "fcfs"
     preemption_mode: PreemptionModeName = "auto"
     swap_threshold_tokens: int = 256
+    batching: BatchingName = "continuous"  # static: the baseline for benchmarks only
     skip_tokenizer_init: bool = False
     seed: int = 0
     num_threads: int | None = None  # CPU: torch intra-op threads (None = torch's default)

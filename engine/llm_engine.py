@@ -94,6 +94,7 @@ class LLMEngine:
             policy=config.scheduling_policy,
             preemption_mode=config.preemption_mode,
             swap_threshold_tokens=config.swap_threshold_tokens,
+            batching=config.batching,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
         self.backend = get_attention_backend(self.device, config.attention_backend)

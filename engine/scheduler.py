@@ -8,6 +8,8 @@ Each ``schedule()`` call builds one step under a token budget, in this order:
 2. **swapped** requests come back (only in a step with no preemption), before any new admission.
 3. **waiting** requests are admitted in queue order while the budget, ``max_num_seqs`` and free
    blocks allow; a prompt's cached prefix is skipped, and the rest is chunked to the budget.
+   With ``batching="static"`` (the baseline continuous batching is measured against) they are
+   admitted only while a batch is being formed, after the previous one fully drained.
 
 ``update_from_output`` then advances ``num_computed_tokens``, appends sampled tokens, publishes
 newly full blocks to the prefix cache, applies stop conditions and frees finished requests.
@@ -58,6 +60,7 @@ class Scheduler:
             config.preemption_mode, config.policy, config.swap_threshold_tokens
         )
         self._finished_ids: list[str] = []
+        self._batch_open = True  # static batching: the current batch still takes new requests
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -203,12 +206,19 @@ class Scheduler:
                     scheduled[request.request_id] = num_new
                     budget -= num_new
 
-        # 3. New (or recompute-preempted) requests.
-        if not preempted and not self.swapped:
+        # 3. New (or recompute-preempted) requests. Static batching admits only while a batch
+        # is being formed: from the step the previous batch drained until the batch is full
+        # (max_num_seqs), the queue is empty or blocks run out; a budget-bound step keeps it open.
+        static = self.config.batching == "static"
+        if static and not (self.running or self.swapped or self.ready):
+            self._batch_open = True
+        if not preempted and not self.swapped and self._batch_open:
+            blocked = False
             while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting.peek()
                 admitted = self._admit(request, budget)
                 if admitted is None:
+                    blocked = True
                     break
                 num_new = admitted
                 self.waiting.pop()
@@ -216,6 +226,12 @@ class Scheduler:
                 self.running.append(request)
                 scheduled[request.request_id] = num_new
                 budget -= num_new
+            if static and (
+                not len(self.waiting)
+                or len(self.running) >= self.config.max_num_seqs
+                or (blocked and budget > 0 and self.config.enable_chunked_prefill)
+            ):
+                self._batch_open = False
 
         finished_ids = tuple(self._finished_ids)
         self._finished_ids.clear()

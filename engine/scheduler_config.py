@@ -7,6 +7,7 @@ from typing import Literal
 
 QueuePolicyName = Literal["fcfs", "priority"]
 PreemptionModeName = Literal["swap", "recompute", "auto"]
+BatchingName = Literal["continuous", "static"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,12 @@ class SchedulerConfig:
     """swap: copy blocks to host memory; recompute: drop and re-prefill; auto: swap contexts of
     at least ``swap_threshold_tokens`` tokens when host blocks are free, recompute the rest."""
     swap_threshold_tokens: int = 256
+    batching: BatchingName = "continuous"
+    """continuous: requests join and leave the batch at every step (iteration-level batching).
+    static: a batch is formed only when the previous one has fully drained (every request in it
+    finished), then runs until its longest request ends: the baseline that continuous batching
+    is measured against (benchmarks/batching.md). Finished requests leave the batch at once, so
+    no compute is spent on padding: a generous static baseline."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -38,6 +45,8 @@ class SchedulerConfig:
                 "preemption_mode must be 'swap', 'recompute' or 'auto', "
                 f"got {self.preemption_mode!r}"
             )
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when chunked prefill is off "

@@ -26,6 +26,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-chunked-prefill", action="store_true")
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     g.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
+    g.add_argument(
+        "--batching",
+        default="continuous",
+        choices=["continuous", "static"],
+        help="static: a new batch only after the last one drained (a benchmark baseline)",
+    )
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -45,6 +51,7 @@ def engine_options(a: argparse.Namespace) -> dict[str, Any]:
         enable_chunked_prefill=not a.no_chunked_prefill,
         scheduling_policy=a.scheduling_policy,
         preemption_mode=a.preemption_mode,
+        batching=a.batching,
         seed=a.seed,
     )
 

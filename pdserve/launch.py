@@ -27,6 +27,7 @@ _FLAGS = {
     "max_model_len": "--max-model-len",
     "scheduling_policy": "--scheduling-policy",
     "preemption_mode": "--preemption-mode",
+    "batching": "--batching",
     "seed": "--seed",
 }
 

@@ -190,3 +190,13 @@ def test_triton_backend_matches_hf(model_factory, arch: str) -> None:  # type: i
     outs = run_to_completion(engine)
     check_against_hf(folder, prompts, lengths, outs)
     assert_pool_free(engine)
+
+
+def test_static_batching_matches_hf(tiny_model: Path) -> None:
+    engine = make_engine(tiny_model, batching="static", max_num_seqs=4, max_num_batched_tokens=32)
+    prompts = random_prompts(9, engine.model_config.vocab_size, 5, 50, seed=9)
+    lengths = [random.Random(100 + i).randint(1, 20) for i in range(9)]
+    submit(engine, prompts, lengths)
+    outs = run_to_completion(engine)
+    check_against_hf(tiny_model, prompts, lengths, outs)
+    assert_pool_free(engine)

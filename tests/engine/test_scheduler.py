@@ -187,3 +187,36 @@ def test_stop_conditions() -> None:
         out = s.schedule()
         s.update_from_output(out, {"b": 4})
     assert r2.status == RequestStatus.FINISHED_LENGTH and r2.num_tokens == 5
+
+
+def test_static_batching_waits_for_the_whole_batch_to_drain() -> None:
+    s = make(batching="static", max_num_seqs=2)
+    s.add_request(req("a", 4, max_tokens=1, t=0, first=10))
+    s.add_request(req("b", 4, max_tokens=3, t=1, first=20))
+    s.add_request(req("c", 4, max_tokens=1, t=2, first=30))
+    assert [x.request_id for x in step(s).scheduled] == ["a", "b"]  # a finishes (1 token)
+    # a's slot is free, but the batch is closed until b (its longest request) ends.
+    assert [x.request_id for x in step(s).scheduled] == ["b"]
+    assert [x.request_id for x in step(s).scheduled] == ["b"]  # b's third token: b finishes
+    assert [x.request_id for x in step(s).scheduled] == ["c"]  # a new batch
+    assert not s.has_unfinished_requests()
+
+
+def test_static_batching_keeps_forming_a_batch_across_budget_bound_steps() -> None:
+    s = make(batching="static", max_num_batched_tokens=6)
+    for i in range(3):
+        s.add_request(req(f"r{i}", 4, max_tokens=4, t=i, first=10 * i))
+    assert shape(step(s)) == [("r0", 0, 4, True), ("r1", 0, 2, False)]
+    # Still forming: the budget, not the batch, stopped admission; r2 joins this batch.
+    assert shape(step(s)) == [("r0", 4, 1, True), ("r1", 2, 2, True), ("r2", 0, 3, False)]
+    s.add_request(req("late", 4, t=9, first=90))
+    assert "late" not in [x.request_id for x in step(s).scheduled]  # the batch has closed
+
+
+def test_continuous_batching_admits_into_a_free_slot_at_once() -> None:
+    s = make(max_num_seqs=2)
+    s.add_request(req("a", 4, max_tokens=1, t=0, first=10))
+    s.add_request(req("b", 4, max_tokens=3, t=1, first=20))
+    s.add_request(req("c", 4, max_tokens=1, t=2, first=30))
+    step(s)
+    assert [x.request_id for x in step(s).scheduled] == ["b", "c"]
