@@ -70,6 +70,12 @@ def add_bench_parser(sub: Any) -> None:
     s = p.add_argument_group("SLO")
     s.add_argument("--slo", help="per-request targets, e.g. ttft=500ms,itl=50ms (tpot, e2e too)")
     s.add_argument("--slo-min-attainment", type=float, help="share that must meet it (0.9)")
+    b = p.add_argument_group("background bursts (reported apart from the foreground)")
+    b.add_argument("--burst-size", type=int, help="requests per burst (0 = no bursts)")
+    b.add_argument("--burst-interval-s", type=float, help="seconds between bursts")
+    b.add_argument("--burst-start-s", type=float, help="first burst, from each point's start")
+    b.add_argument("--burst-prompt-len", help="bursts' prompt lengths (default fixed:1024)")
+    b.add_argument("--burst-output-len", help="bursts' output lengths (default fixed:1)")
     sv = p.add_argument_group("server")
     sv.add_argument("--server-cmd", help="start this server first, stop it after")
     sv.add_argument("--server-ready-timeout-s", type=float)
@@ -130,6 +136,13 @@ def _overrides(a: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "warmup_requests": a.warmup_requests,
         },
         "slo": {"targets": a.slo, "min_attainment": a.slo_min_attainment},
+        "bursts": {
+            "size": a.burst_size,
+            "interval_s": a.burst_interval_s,
+            "start_s": a.burst_start_s,
+            "prompt_len": a.burst_prompt_len,
+            "output_len": a.burst_output_len,
+        },
         "server": {"command": a.server_cmd, "ready_timeout_s": a.server_ready_timeout_s},
     }
 

@@ -1,10 +1,11 @@
 """The run-config file: everything that decides a benchmark's numbers, so one command
-(``pdserve bench --config FILE``) reproduces a run. TOML (or JSON) with five tables::
+(``pdserve bench --config FILE``) reproduces a run. TOML (or JSON) with six tables::
 
     [target]    # where and how requests go
     [workload]  # what is sent (seeded)
     [load]      # how fast: closed loop or open loop, a sweep when several values
     [slo]       # goodput targets; a sweep stops at the first point that misses them
+    [bursts]    # optional: background bursts of long prompts during every load point
     [server]    # optional: the command that starts the server, and free-form notes
 
 Command-line flags override the file; the effective config is written next to the results.
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pdserve.bench.bursts import BurstSpec
 from pdserve.bench.distributions import LengthDist
 from pdserve.bench.load import CLOSED, OPEN, LoadPoint
 from pdserve.bench.metrics import Slo
@@ -86,6 +88,28 @@ class SloConfig:
 
 
 @dataclass
+class BurstsConfig:
+    size: int = 0  # requests per burst; 0 = no bursts
+    interval_s: float = 5.0  # between bursts
+    start_s: float = 1.0  # the first burst, from the start of each load point
+    prompt_len: str = "fixed:1024"
+    output_len: str = "fixed:1"  # prefill-heavy: a burst is mostly prompt
+
+    def spec(self) -> BurstSpec | None:
+        if self.size < 0:
+            raise ValueError("bursts.size must be >= 0")
+        if self.size == 0:
+            return None
+        return BurstSpec(
+            self.size,
+            self.interval_s,
+            self.start_s,
+            LengthDist.parse(self.prompt_len),
+            LengthDist.parse(self.output_len),
+        )
+
+
+@dataclass
 class ServerConfig:
     command: str | None = None  # started before and stopped after the run when set
     ready_timeout_s: float = 300.0
@@ -98,6 +122,7 @@ class BenchConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     load: LoadConfig = field(default_factory=LoadConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    bursts: BurstsConfig = field(default_factory=BurstsConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     def validate(self) -> None:
@@ -105,6 +130,7 @@ class BenchConfig:
         self.workload.spec()
         self.load.points()
         self.slo.slo()
+        self.bursts.spec()
         if self.target.api not in ("completions", "chat"):
             raise ValueError(f"target.api must be completions or chat, got {self.target.api!r}")
         if self.target.prompt_format not in ("auto", "text"):
@@ -124,6 +150,7 @@ class BenchConfig:
             "workload": WorkloadConfig,
             "load": LoadConfig,
             "slo": SloConfig,
+            "bursts": BurstsConfig,
             "server": ServerConfig,
         }
         for name, values in d.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import time
@@ -9,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from pdserve.bench.bursts import run_bursts
 from pdserve.bench.client import BenchClient
 from pdserve.bench.config import BenchConfig, TargetConfig
 from pdserve.bench.load import CLOSED, LoadPoint, PointResult, run_point
-from pdserve.bench.metrics import Summary, summarize
+from pdserve.bench.metrics import Slo, Summary, summarize
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.workload import PromptRenderer, generate_requests
 
@@ -24,6 +26,8 @@ class PointReport:
     result: PointResult
     summary: Summary
     is_slo_held: bool | None  # None without an SLO
+    bursts: list[RequestRecord] | None = None  # the background bursts' records, if any
+    bursts_summary: Summary | None = None
 
 
 @dataclass
@@ -96,6 +100,7 @@ async def run_bench(
     show = progress or Progress()
     spec = config.workload.spec()
     slo = config.slo.slo()
+    burst_spec = config.bursts.spec()
     client = make_client(config.target)
     try:
         try:
@@ -121,20 +126,33 @@ async def run_bench(
         for i, load in enumerate(config.load.points()):
             requests = generate_requests(spec, replica=i)
             show.start(load.label, len(requests))
-            point = await run_point(
-                client,
-                requests,
-                load,
-                seed=spec.seed,
-                duration_s=config.load.duration_s,
-                on_done=show.advance,
-            )
+            stop_bursts = asyncio.Event()
+            bursts = None
+            if burst_spec is not None:
+                bursts = asyncio.create_task(run_bursts(client, burst_spec, spec, i, stop_bursts))
+            try:
+                point = await run_point(
+                    client,
+                    requests,
+                    load,
+                    seed=spec.seed,
+                    duration_s=config.load.duration_s,
+                    on_done=show.advance,
+                )
+            finally:
+                stop_bursts.set()
+                burst_records = None if bursts is None else await bursts
             show.stop()
             summary = summarize(point.records, point.duration_s, slo)
             held = None
             if summary.slo_attainment is not None:
                 held = summary.slo_attainment >= config.slo.min_attainment
-            result.points.append(PointReport(point, summary, held))
+            report = PointReport(point, summary, held)
+            if burst_records is not None:
+                report.bursts = burst_records
+                report.bursts_summary = summarize(burst_records, point.duration_s, Slo())
+                log(f"{load.label}: {len(burst_records)} burst requests in the background")
+            result.points.append(report)
             log(
                 f"{load.label}: {summary.num_completed}/{summary.num_requests} completed, "
                 f"{summary.output_token_throughput:.1f} output tok/s"

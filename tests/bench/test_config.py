@@ -70,6 +70,9 @@ def test_toml_file_round_trips(tmp_path: Path) -> None:
         ({"load": {"kind": "burst"}}, "load.kind"),
         ({"slo": {"targets": "ttft=soon"}}, "bad SLO"),
         ({"target": {"api": "embeddings"}}, "target.api"),
+        ({"bursts": {"size": -1}}, "bursts.size"),
+        ({"bursts": {"size": 2, "interval_s": 0}}, "interval_s > 0"),
+        ({"bursts": {"size": 2, "prompt_len": "lots"}}, "bad length"),
     ],
 )
 def test_bad_configs_are_refused(tables: dict, match: str) -> None:
@@ -102,3 +105,15 @@ def test_dry_run_prints_a_config_that_reruns(capsys: pytest.CaptureFixture[str])
     assert printed["target"]["url"] == "grpc://127.0.0.1:1"
     assert printed["load"]["rates"] == [2.0, math.inf] and printed["slo"]["targets"] == "ttft=1s"
     assert main(["bench", "--prompt-len", "uniform:9:1", "--dry-run"]) == 2
+
+
+def test_bursts_table_and_flags() -> None:
+    assert BenchConfig().bursts.spec() is None  # off by default
+    args = build_parser().parse_args(
+        ["bench", "--burst-size", "3", "--burst-interval-s", "2.5", "--burst-prompt-len", "777"]
+    )
+    config = BenchConfig.from_dict(merge({}, _overrides(args)))
+    spec = config.bursts.spec()
+    assert spec is not None and (spec.size, spec.interval_s, spec.start_s) == (3, 2.5, 1.0)
+    assert config.bursts.prompt_len == "777" and config.bursts.output_len == "fixed:1"
+    assert BenchConfig.from_dict(tomllib.loads(to_toml(config))) == config

@@ -126,3 +126,24 @@ def test_open_loop_grpc_with_cancels(server: Server, tmp_path: Path) -> None:
 def test_unreachable_target_fails_cleanly(tmp_path: Path) -> None:
     argv = ["bench", "--url", "http://127.0.0.1:9/v1", "--num-requests", "1", "--no-progress"]
     assert main(argv) == 1
+
+
+def test_background_bursts_are_reported_apart(server: Server, tmp_path: Path) -> None:
+    report = bench(
+        tmp_path, "--url", server.http_url, "--concurrency", "2", "--num-requests", "6",
+        "--warmup-requests", "0", "--no-plots", "--burst-size", "2", "--burst-start-s", "0",
+        "--burst-interval-s", "0.2", "--burst-prompt-len", "fixed:48", "--burst-output-len", "2",
+    )  # fmt: skip
+    (point,) = report["points"]
+    assert point["summary"]["num_completed"] == 6  # the foreground alone
+    assert [r["num_output_tokens"] for r in point["records"]] == expected_max_tokens(6)
+    bursts = point["bursts"]
+    records = bursts["records"]
+    assert len(records) >= 2 and len(records) % 2 == 0  # whole bursts of 2, the first at 0 s
+    assert [r["index"] for r in records] == list(range(len(records)))
+    assert all(r["status"] == "ok" for r in records), bursts["summary"]["errors"]
+    assert all(r["num_prompt_tokens"] == 48 and r["num_output_tokens"] == 2 for r in records)
+    assert bursts["summary"]["num_completed"] == len(records)
+    starts = sorted({round(r["start_s"], 1) for r in records})
+    assert starts[0] == 0.0
+    server.wait_pool_free()
