@@ -113,7 +113,9 @@ class OpenAIClient:
         self, resp: httpx.Response, request: BenchRequest, record: RequestRecord, timer: StreamTimer
     ) -> bool:
         """Read SSE events to ``[DONE]``; True when the request was cancelled on purpose. A stream
-        that ends without ``[DONE]`` sets ``record.error`` (the server dropped it)."""
+        that ends without ``[DONE]`` counts as complete only when a choice carried its
+        ``finish_reason`` (some servers, e.g. transformers serve, omit the terminator, and the
+        openai client accepts that); otherwise the server dropped it: ``record.error``."""
         is_done = False
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
@@ -145,8 +147,8 @@ class OpenAIClient:
             if cancel_at is not None and record.num_chunks >= cancel_at:
                 record.num_output_tokens = record.num_chunks
                 return True
-        if not is_done:
-            record.error = "the stream ended without [DONE]"
+        if not is_done and record.finish_reason is None:
+            record.error = "the stream ended without a finish_reason or [DONE]"
         if not record.usage_reported:
             record.num_output_tokens = record.num_chunks  # server sent no usage: chunks
         return False

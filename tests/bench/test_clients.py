@@ -136,12 +136,17 @@ def test_cancel_after_tokens_closes_the_stream() -> None:
         ([], 429, "HTTP 429"),
         (sse([{"error": {"message": "boom"}}, "[DONE]"]), 200, "stream error"),
         ([b"data: {not json\n\n"], 200, "JSONDecodeError"),
-        (completion_stream(["a"], USAGE)[:-1], 200, "without [DONE]"),
+        (completion_stream(["a"], USAGE)[:1], 200, "without a finish_reason or [DONE]"),
     ],
 )
 def test_failures_are_records(chunks: list[bytes], status: int, match: str) -> None:
     r = send(client_for(chunks, [], status=status), REQ)
     assert r.status == FAILED and r.error is not None and match in r.error
+
+
+def test_a_finished_stream_without_done_is_complete() -> None:
+    r = send(client_for(completion_stream(["a", "b"], USAGE)[:-1], []), REQ)
+    assert r.status == OK and r.finish_reason == "length" and r.usage_reported
 
 
 def test_unreachable_server_is_a_failed_record() -> None:

@@ -1,0 +1,260 @@
+"""Serving experiments of issue 6, each one command that runs every variant with `pdserve bench`
+against a freshly started `pdserve serve`, then prints the figures side by side with ratios.
+
+    python benchmarks/serving_experiments.py batching        --out out/batching
+    python benchmarks/serving_experiments.py disaggregation  --out out/disaggregation
+    python benchmarks/serving_experiments.py preemption      --out out/preemption
+
+- ``batching``: continuous vs static batching (``--batching static``: a new batch only after the
+  previous one drained) on a high-variance output-length workload; output tokens/s ratio.
+- ``disaggregation``: streaming requests in the foreground with and without background bursts
+  of long prompts, against disaggregated serving (prefill pinned to core 0, decode to core 1)
+  and a colocated engine on both cores; ITL/TTFT percentiles, goodput, and each mode's ITL p99
+  with bursts over its ITL p99 without.
+- ``preemption``: long contexts with a KV pool too small for them all, swap vs recompute.
+
+The workloads are the TOML files in docs/bench/ (one per experiment); the server commands, which
+differ between variants, are built here. Each variant's folder under ``--out`` holds the
+effective config.toml (rerun one variant with ``pdserve bench --config OUT/VARIANT/config.toml``),
+results.json, plots and the server's log; ``--out`` itself gets comparison CDFs and summary.json.
+The model is the SmolLM2-135M-shaped random-weight Llama of offline_throughput.py, in fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.offline_throughput import DEFAULT_MODEL_DIR  # noqa: E402
+from benchmarks.workloads import ensure_model_folder  # noqa: E402
+
+CONFIGS = REPO_ROOT / "docs" / "bench"
+PORT = 8123  # the configs' target URL
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    server_args: tuple[str, ...]  # after `pdserve serve --model DIR --dtype float32 ...`
+    bench_args: tuple[str, ...] = ()  # extra `pdserve bench` flags (on top of the config)
+
+
+def _serve(model: Path, *args: str) -> str:
+    base = ["pdserve", "serve", "--model", str(model), "--dtype", "float32"]
+    return shlex.join([*base, "--http-port", str(PORT), "--grpc-port", "0", *args])
+
+
+EXPERIMENTS: dict[str, tuple[str, list[Variant]]] = {
+    "batching": (
+        "batching.toml",
+        [
+            Variant(
+                "continuous", ("--colocated", "--max-num-seqs", "32", "--batching", "continuous")
+            ),
+            Variant("static", ("--colocated", "--max-num-seqs", "32", "--batching", "static")),
+        ],
+    ),
+    "disaggregation": (
+        "disaggregation.toml",
+        [
+            Variant(
+                "disagg-quiet", ("--prefill-cpus", "0", "--decode-cpus", "1"), ("--burst-size", "0")
+            ),
+            Variant("disagg-bursts", ("--prefill-cpus", "0", "--decode-cpus", "1")),
+            Variant("colocated-quiet", ("--colocated",), ("--burst-size", "0")),
+            Variant("colocated-bursts", ("--colocated",)),
+        ],
+    ),
+    "preemption": (
+        "preemption.toml",
+        [
+            Variant("swap", ("--colocated", "--num-kv-blocks", "256", "--preemption-mode", "swap")),
+            Variant(
+                "recompute",
+                ("--colocated", "--num-kv-blocks", "256", "--preemption-mode", "recompute"),
+            ),
+        ],
+    ),
+}
+
+
+def run_variant(
+    config: Path, model: Path, v: Variant, out: Path, server_extra: list[str]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Start the variant's server, run `pdserve bench` against it, scrape the server's engine
+    counters (colocated: the router's /metrics carries them) before stopping it."""
+    from pdserve.bench.server_launch import launched_server
+
+    folder = out / v.label
+    folder.mkdir(parents=True, exist_ok=True)
+    server = _serve(model, *v.server_args, *server_extra)
+    url = f"http://127.0.0.1:{PORT}/v1"
+    bench = [
+        sys.executable, "-m", "pdserve", "bench", "--config", str(config), "--url", url,
+        "--out", str(folder), "--no-progress", *v.bench_args,
+    ]  # fmt: skip
+    (folder / "command.txt").write_text(f"{server}\n{shlex.join(bench)}\n")
+    print(f"\n=== {v.label}\nserver: {server}\nbench:  {shlex.join(bench)}", flush=True)
+    t = time.perf_counter()
+    with launched_server(server, url, 600, folder / "server.log"):
+        print(f"=== {v.label}: server ready after {time.perf_counter() - t:.0f}s", flush=True)
+        rc = subprocess.run(bench, check=False).returncode
+        counters = engine_counters(f"http://127.0.0.1:{PORT}/metrics")
+    print(f"=== {v.label}: exit {rc} after {time.perf_counter() - t:.0f}s", flush=True)
+    if rc != 0:
+        raise SystemExit(f"variant {v.label} failed (exit {rc}); see {folder}")
+    return dict(json.loads((folder / "results.json").read_text())), counters
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """Steps, mean requests per step, preemptions and swapped blocks, when the endpoint has
+    them (a colocated server); empty otherwise."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url, timeout=10, trust_env=False).text
+    except httpx.HTTPError:
+        return {}
+    got: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            n, labels = sample.name, sample.labels
+            if n == "pdserve_engine_steps_total":
+                got["steps"] = sample.value
+            elif n == "pdserve_engine_step_requests_sum":
+                got["step_requests_sum"] = sample.value
+            elif n == "pdserve_engine_step_requests_count":
+                got["step_requests_count"] = sample.value
+            elif n == "pdserve_engine_preemptions_total":
+                got[f"preempt_{labels['mode']}"] = sample.value
+            elif n == "pdserve_engine_swapped_blocks_total":
+                got[f"swapped_blocks_{labels['direction']}"] = sample.value
+    if got.get("step_requests_count"):
+        got["mean_batch"] = got.pop("step_requests_sum") / got.pop("step_requests_count")
+    return got
+
+
+def _p(summary: dict[str, Any], name: str, q: str) -> float:
+    s = summary.get(name)
+    return float("nan") if not s else float(s[q])
+
+
+def figures(report: dict[str, Any]) -> dict[str, float]:
+    """The headline figures of a one-point run."""
+    (point,) = report["points"]
+    s = point["summary"]
+    f = {
+        "completed": s["num_completed"],
+        "failed": s["num_failed"],
+        "output_tok_s": s["output_token_throughput"],
+        "ttft_p50_ms": _p(s, "ttft_ms", "p50"),
+        "ttft_p99_ms": _p(s, "ttft_ms", "p99"),
+        "itl_p50_ms": _p(s, "itl_ms", "p50"),
+        "itl_p99_ms": _p(s, "itl_ms", "p99"),
+        "tpot_p50_ms": _p(s, "tpot_ms", "p50"),
+        "e2e_p50_ms": _p(s, "e2e_ms", "p50"),
+        "e2e_p99_ms": _p(s, "e2e_ms", "p99"),
+        "goodput": float("nan") if s["goodput"] is None else s["goodput"],
+        "slo_attainment": float("nan") if s["slo_attainment"] is None else s["slo_attainment"],
+    }
+    if point.get("bursts"):
+        b = point["bursts"]["summary"]
+        f["burst_requests"] = b["num_completed"]
+        f["burst_ttft_p50_ms"] = _p(b, "ttft_ms", "p50")
+    return f
+
+
+def ratios(name: str, fig: dict[str, dict[str, float]]) -> list[str]:
+    if name == "batching":
+        c, s = fig["continuous"], fig["static"]
+        return [f"continuous / static output tok/s: {c['output_tok_s'] / s['output_tok_s']:.2f}x"]
+    if name == "disaggregation":
+        lines = []
+        for mode in ("disagg", "colocated"):
+            q, b = fig[f"{mode}-quiet"], fig[f"{mode}-bursts"]
+            lines.append(
+                f"{mode}: ITL p99 with bursts / without: "
+                f"{b['itl_p99_ms'] / q['itl_p99_ms']:.2f}x "
+                f"({b['itl_p99_ms']:.0f} / {q['itl_p99_ms']:.0f} ms); "
+                f"ITL p50 {b['itl_p50_ms'] / q['itl_p50_ms']:.2f}x; "
+                f"TTFT p99 {b['ttft_p99_ms'] / q['ttft_p99_ms']:.2f}x"
+            )
+        d, c = fig["disagg-bursts"], fig["colocated-bursts"]
+        lines.append(
+            "with bursts, colocated / disaggregated ITL p99: "
+            f"{c['itl_p99_ms'] / d['itl_p99_ms']:.2f}x"
+        )
+        return lines
+    if name == "preemption":
+        sw, rc = fig["swap"], fig["recompute"]
+        return [
+            f"swap / recompute output tok/s: {sw['output_tok_s'] / rc['output_tok_s']:.2f}x",
+            f"swap / recompute E2E p99: {sw['e2e_p99_ms'] / rc['e2e_p99_ms']:.2f}x",
+        ]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--only", help="comma-separated variant labels (default: all)")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra `pdserve serve` flag for every variant (repeatable): --server-arg=--seed=1",
+    )
+    a = p.parse_args(argv)
+    file, variants = EXPERIMENTS[a.experiment]
+    if a.only:
+        keep = set(a.only.split(","))
+        variants = [v for v in variants if v.label in keep]
+    model = ensure_model_folder(a.model_dir)
+    a.out.mkdir(parents=True, exist_ok=True)
+    fig: dict[str, dict[str, float]] = {}
+    for v in variants:
+        report, counters = run_variant(CONFIGS / file, model, v, a.out, a.server_arg)
+        fig[v.label] = {**figures(report), **counters}
+    cols = list(dict.fromkeys(c for f in fig.values() for c in f))
+    print(f"\n{a.experiment} ({CONFIGS / file}):")
+    print("variant".ljust(18) + "".join(c.rjust(16) for c in cols))
+    for label, f in fig.items():
+        print(label.ljust(18) + "".join(f"{f.get(c, float('nan')):16.2f}" for c in cols))
+    summary_lines = (
+        ratios(a.experiment, fig) if len(fig) == len(EXPERIMENTS[a.experiment][1]) else []
+    )
+    for line in summary_lines:
+        print(line)
+    (a.out / "summary.json").write_text(
+        json.dumps({"experiment": a.experiment, "figures": fig, "ratios": summary_lines}, indent=1)
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pdserve",
+            "bench",
+            "--compare",
+            *(str(a.out / v.label) for v in variants),
+            "--out",
+            str(a.out),
+        ],
+        check=False,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
