@@ -3,6 +3,7 @@ against a freshly started `pdserve serve`, then prints the figures side by side 
 
     python benchmarks/serving_experiments.py batching        --out out/batching
     python benchmarks/serving_experiments.py disaggregation  --out out/disaggregation
+    python benchmarks/serving_experiments.py peers           --out out/peers
     python benchmarks/serving_experiments.py preemption      --out out/preemption
 
 - ``batching``: continuous vs static batching (``--batching static``: a new batch only after the
@@ -11,6 +12,8 @@ against a freshly started `pdserve serve`, then prints the figures side by side 
   of long prompts, against disaggregated serving (prefill pinned to core 0, decode to core 1)
   and a colocated engine on both cores; ITL/TTFT percentiles, goodput, and each mode's ITL p99
   with bursts over its ITL p99 without.
+- ``peers``: pdserve (disaggregated and colocated), vLLM's CPU build and ``transformers serve``
+  (continuous batching) on one workload (docs/bench/peers/: each file's own server command).
 - ``preemption``: long contexts with a KV pool too small for them all, swap vs recompute.
 
 The workloads are the TOML files in docs/bench/ (one per experiment); the server commands, which
@@ -28,6 +31,7 @@ import shlex
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +48,11 @@ PORT = 8123  # the configs' target URL
 @dataclass(frozen=True)
 class Variant:
     label: str
-    server_args: tuple[str, ...]  # after `pdserve serve --model DIR --dtype float32 ...`
+    # After `pdserve serve --model DIR --dtype float32 ...`; None: the config's own [server]
+    # command and [target] url (a peer server).
+    server_args: tuple[str, ...] | None
     bench_args: tuple[str, ...] = ()  # extra `pdserve bench` flags (on top of the config)
+    config: str | None = None  # a file under docs/bench/ instead of the experiment's
 
 
 def _serve(model: Path, *args: str) -> str:
@@ -70,8 +77,21 @@ EXPERIMENTS: dict[str, tuple[str, list[Variant]]] = {
                 "disagg-quiet", ("--prefill-cpus", "0", "--decode-cpus", "1"), ("--burst-size", "0")
             ),
             Variant("disagg-bursts", ("--prefill-cpus", "0", "--decode-cpus", "1")),
+            Variant(
+                "disagg-ucx-bursts",
+                ("--prefill-cpus", "0", "--decode-cpus", "1", "--kv-transport", "ucx"),
+            ),
             Variant("colocated-quiet", ("--colocated",), ("--burst-size", "0")),
             Variant("colocated-bursts", ("--colocated",)),
+        ],
+    ),
+    "peers": (
+        "peers/pdserve.toml",
+        [
+            Variant("pdserve", None),
+            Variant("pdserve-colocated", ("--colocated",)),
+            Variant("vllm", None, config="peers/vllm.toml"),
+            Variant("hf-serve", None, config="peers/hf_serve.toml"),
         ],
     ),
     "preemption": (
@@ -96,8 +116,14 @@ def run_variant(
 
     folder = out / v.label
     folder.mkdir(parents=True, exist_ok=True)
-    server = _serve(model, *v.server_args, *server_extra)
-    url = f"http://127.0.0.1:{PORT}/v1"
+    if v.config:
+        config = CONFIGS / v.config
+    if v.server_args is None:
+        table = tomllib.loads(config.read_text())
+        server, url = table["server"]["command"], table["target"]["url"]
+    else:
+        server = _serve(model, *v.server_args, *server_extra)
+        url = f"http://127.0.0.1:{PORT}/v1"
     bench = [
         sys.executable, "-m", "pdserve", "bench", "--config", str(config), "--url", url,
         "--out", str(folder), "--no-progress", *v.bench_args,
@@ -108,7 +134,7 @@ def run_variant(
     with launched_server(server, url, 600, folder / "server.log"):
         print(f"=== {v.label}: server ready after {time.perf_counter() - t:.0f}s", flush=True)
         rc = subprocess.run(bench, check=False).returncode
-        counters = engine_counters(f"http://127.0.0.1:{PORT}/metrics")
+        counters = engine_counters(url.removesuffix("/v1") + "/metrics")
     print(f"=== {v.label}: exit {rc} after {time.perf_counter() - t:.0f}s", flush=True)
     if rc != 0:
         raise SystemExit(f"variant {v.label} failed (exit {rc}); see {folder}")
@@ -190,11 +216,25 @@ def ratios(name: str, fig: dict[str, dict[str, float]]) -> list[str]:
                 f"TTFT p99 {b['ttft_p99_ms'] / q['ttft_p99_ms']:.2f}x"
             )
         d, c = fig["disagg-bursts"], fig["colocated-bursts"]
+        if "disagg-ucx-bursts" in fig:
+            u, q = fig["disagg-ucx-bursts"], fig["disagg-quiet"]
+            lines.append(
+                f"disagg over UCX: ITL p99 with bursts / without (TCP): "
+                f"{u['itl_p99_ms'] / q['itl_p99_ms']:.2f}x (docs/kv_transfer.md, known problem)"
+            )
         lines.append(
             "with bursts, colocated / disaggregated ITL p99: "
             f"{c['itl_p99_ms'] / d['itl_p99_ms']:.2f}x"
         )
         return lines
+    if name == "peers":
+        base = fig["pdserve"]
+        return [
+            f"{label}: output tok/s {f['output_tok_s']:.1f} = "
+            f"{f['output_tok_s'] / base['output_tok_s']:.2f}x pdserve's; "
+            f"TPOT p50 {f['tpot_p50_ms']:.0f} ms, TTFT p50 {f['ttft_p50_ms']:.0f} ms"
+            for label, f in fig.items()
+        ]
     if name == "preemption":
         sw, rc = fig["swap"], fig["recompute"]
         return [

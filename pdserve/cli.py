@@ -170,7 +170,14 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
     import socket
 
     from engine.demo_model import demo_model_path
-    from pdserve.launch import engine_argv, parse_cpus, start_worker, stop_workers, wait_healthy
+    from pdserve.launch import (
+        engine_argv,
+        parse_cpus,
+        serve_kv_transport,
+        start_worker,
+        stop_workers,
+        wait_healthy,
+    )
     from router.disaggregated_backend import DisaggregatedBackend
 
     def port_or_free(port: int) -> int:
@@ -185,6 +192,10 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
     if a.served_model_name:
         common += ["--served-model-name", a.served_model_name]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
+    decode_cpus, prefill_cpus = parse_cpus(a.decode_cpus), parse_cpus(a.prefill_cpus)
+    transport, why = serve_kv_transport(a.kv_transport, decode_cpus, prefill_cpus)
+    if why:
+        print(f"pdserve: {why}", file=sys.stderr)
     procs = []
     try:
         procs.append(
@@ -195,11 +206,11 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                 [
                     *common,
                     "--kv-transport",
-                    a.kv_transport,
+                    transport,
                     "--metrics-port",
                     str(a.decode_metrics_port),
                 ],
-                parse_cpus(a.decode_cpus),
+                decode_cpus,
             )
         )
         procs.append(
@@ -214,7 +225,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     "--metrics-port",
                     str(a.prefill_metrics_port),
                 ],
-                parse_cpus(a.prefill_cpus),
+                prefill_cpus,
             )
         )
         decode_target = f"{a.worker_host}:{decode_port}"

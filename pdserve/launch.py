@@ -45,6 +45,24 @@ def engine_argv(a: argparse.Namespace) -> list[str]:
     return argv
 
 
+def serve_kv_transport(requested: str, *pinned: set[int] | None) -> tuple[str, str | None]:
+    """The KV transport ``pdserve serve`` gives its workers, and why when it overrides "auto".
+
+    "auto" means UCX when ucxx is installed, except when a worker is pinned to a single CPU:
+    there, on the 2-core VM this was measured on, UCX (ucxx thread progress with Python
+    futures, any UCX_TLS) froze the decode worker's token stream to the router for up to the
+    whole length of a concurrent prefill (1.4-3.4 s per 1024-token burst; docs/kv_transfer.md),
+    while TCP, or UCX on unpinned workers, did not. So "auto" takes TCP there. An explicit
+    transport is always kept.
+    """
+    if requested == "auto" and any(cpus is not None and len(cpus) == 1 for cpus in pinned):
+        return "tcp", (
+            "a worker is pinned to one CPU: KV transport tcp (UCX stalls decode's token stream "
+            "in that layout; pass --kv-transport ucx to override)"
+        )
+    return requested, None
+
+
 def parse_cpus(spec: str | None) -> set[int] | None:
     if not spec:
         return None
