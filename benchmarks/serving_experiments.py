@@ -5,6 +5,7 @@ against a freshly started `pdserve serve`, then prints the figures side by side 
     python benchmarks/serving_experiments.py disaggregation  --out out/disaggregation
     python benchmarks/serving_experiments.py peers           --out out/peers
     python benchmarks/serving_experiments.py preemption      --out out/preemption
+    python benchmarks/serving_experiments.py preemption-heavy --out out/preemption-heavy
 
 - ``batching``: continuous vs static batching (``--batching static``: a new batch only after the
   previous one drained) on a high-variance output-length workload; output tokens/s ratio.
@@ -89,9 +90,19 @@ EXPERIMENTS: dict[str, tuple[str, list[Variant]]] = {
         "peers/pdserve.toml",
         [
             Variant("pdserve", None),
-            Variant("pdserve-colocated", ("--colocated",)),
+            Variant("pdserve-colocated", ("--colocated", "--kv-cache-memory-gb", "2")),
             Variant("vllm", None, config="peers/vllm.toml"),
             Variant("hf-serve", None, config="peers/hf_serve.toml"),
+        ],
+    ),
+    "preemption-heavy": (
+        "preemption_heavy.toml",
+        [
+            Variant("swap", ("--colocated", "--num-kv-blocks", "192", "--preemption-mode", "swap")),
+            Variant(
+                "recompute",
+                ("--colocated", "--num-kv-blocks", "192", "--preemption-mode", "recompute"),
+            ),
         ],
     ),
     "preemption": (
@@ -235,7 +246,7 @@ def ratios(name: str, fig: dict[str, dict[str, float]]) -> list[str]:
             f"TPOT p50 {f['tpot_p50_ms']:.0f} ms, TTFT p50 {f['ttft_p50_ms']:.0f} ms"
             for label, f in fig.items()
         ]
-    if name == "preemption":
+    if name.startswith("preemption"):
         sw, rc = fig["swap"], fig["recompute"]
         return [
             f"swap / recompute output tok/s: {sw['output_tok_s'] / rc['output_tok_s']:.2f}x",
