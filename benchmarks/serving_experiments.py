@@ -147,6 +147,7 @@ def run_variant(
         rc = subprocess.run(bench, check=False).returncode
         counters = engine_counters(url.removesuffix("/v1") + "/metrics")
     print(f"=== {v.label}: exit {rc} after {time.perf_counter() - t:.0f}s", flush=True)
+    (folder / "counters.json").write_text(json.dumps(counters))
     if rc != 0:
         raise SystemExit(f"variant {v.label} failed (exit {rc}); see {folder}")
     return dict(json.loads((folder / "results.json").read_text())), counters
@@ -159,11 +160,17 @@ def engine_counters(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = httpx.get(url, timeout=10, trust_env=False).text
+        response = httpx.get(url, timeout=10, trust_env=False)
     except httpx.HTTPError:
         return {}
+    if response.status_code != 200:
+        return {}  # a peer server without Prometheus metrics
     got: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(response.text))
+    except ValueError:
+        return {}  # not Prometheus text
+    for family in families:
         for sample in family.samples:
             n, labels = sample.name, sample.labels
             if n == "pdserve_engine_steps_total":
@@ -267,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="extra `pdserve serve` flag for every variant (repeatable): --server-arg=--seed=1",
     )
+    p.add_argument(
+        "--from-results",
+        action="store_true",
+        help="run nothing: summarize the results already in --out",
+    )
     a = p.parse_args(argv)
     file, variants = EXPERIMENTS[a.experiment]
     if a.only:
@@ -276,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     fig: dict[str, dict[str, float]] = {}
     for v in variants:
-        report, counters = run_variant(CONFIGS / file, model, v, a.out, a.server_arg)
+        if a.from_results:
+            folder = a.out / v.label
+            report = json.loads((folder / "results.json").read_text())
+            saved = folder / "counters.json"
+            counters = json.loads(saved.read_text()) if saved.exists() else {}
+        else:
+            report, counters = run_variant(CONFIGS / file, model, v, a.out, a.server_arg)
         fig[v.label] = {**figures(report), **counters}
     cols = list(dict.fromkeys(c for f in fig.values() for c in f))
     print(f"\n{a.experiment} ({CONFIGS / file}):")
