@@ -20,7 +20,10 @@ from tests.router.server_harness import Server
 
 pytestmark = pytest.mark.timeout(300)
 
-LONG = 1000  # output tokens: far longer than any deadline below lets a request run
+LONG = 1000  # output tokens: longer than any deadline below lets a request run
+# Deadlines and client timeouts well under LONG's generation time even on a quiet machine (with
+# 0.5 s, the client-timeout case failed in a quiet CI run: the tiny model had already finished).
+SHORT_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +194,7 @@ def test_grpc_cancel_mid_stream_frees_blocks(
 def test_grpc_deadline_frees_blocks(server: Server, stub: pb_grpc.GenerationServiceStub) -> None:
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as info:
-        list(stub.Generate(_long_grpc_request(), timeout=0.5))
+        list(stub.Generate(_long_grpc_request(), timeout=SHORT_S))
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - start < 5
     server.wait_pool_free()
@@ -203,7 +206,7 @@ def _long_http_body(**extra: Any) -> dict[str, Any]:
 
 def test_http_timeout_gives_504_and_frees_blocks(server: Server) -> None:
     r = httpx.post(
-        f"{server.http_url}/v1/completions", json=_long_http_body(timeout=0.5), timeout=30
+        f"{server.http_url}/v1/completions", json=_long_http_body(timeout=SHORT_S), timeout=30
     )
     assert r.status_code == 504, r.text
     assert r.json()["error"]["code"] == 504
@@ -212,7 +215,7 @@ def test_http_timeout_gives_504_and_frees_blocks(server: Server) -> None:
     with httpx.stream(
         "POST",
         f"{server.http_url}/v1/completions",
-        json=_long_http_body(timeout=0.5, stream=True),
+        json=_long_http_body(timeout=SHORT_S, stream=True),
         timeout=30,
     ) as r:
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
@@ -234,7 +237,11 @@ def test_http_client_disconnect_frees_blocks(server: Server) -> None:
     server.wait_pool_free()
     # Non-streaming: the client gives up waiting and closes the connection.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.http_url}/v1/completions", json=_long_http_body(), timeout=0.5)
+        httpx.post(
+            f"{server.http_url}/v1/completions",
+            json=_long_http_body(),
+            timeout=httpx.Timeout(30, read=SHORT_S),
+        )
     server.wait_pool_free()
     # Chat, streaming: gone after the first event.
     with httpx.Client(timeout=30) as client:

@@ -119,7 +119,8 @@ def _check_priority(server: Server) -> None:
             finished[name] = time.monotonic()
 
         async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as client:
-            head = asyncio.create_task(run(client, "head", _body(240, stream=True)))
+            # As long as max_model_len (512) allows: it must outlast queueing two more requests.
+            head = asyncio.create_task(run(client, "head", _body(500, stream=True)))
             while "head" not in first_token:
                 await asyncio.sleep(0.01)
             low = asyncio.create_task(run(client, "low", _body(5, stream=True, priority=10)))
