@@ -148,9 +148,22 @@ def run_variant(
         counters = engine_counters(url.removesuffix("/v1") + "/metrics")
     print(f"=== {v.label}: exit {rc} after {time.perf_counter() - t:.0f}s", flush=True)
     (folder / "counters.json").write_text(json.dumps(counters))
+    _record_server(folder / "config.toml", server)
     if rc != 0:
         raise SystemExit(f"variant {v.label} failed (exit {rc}); see {folder}")
     return dict(json.loads((folder / "results.json").read_text())), counters
+
+
+def _record_server(config_file: Path, server: str) -> None:
+    """Put the server command into the variant's effective config, so that
+    ``pdserve bench --config OUT/VARIANT/config.toml`` reruns it whole (server included)."""
+    from pdserve.bench.config import BenchConfig, to_toml
+
+    if not config_file.exists():
+        return
+    config = BenchConfig.from_dict(tomllib.loads(config_file.read_text()))
+    config.server.command = server
+    config_file.write_text(to_toml(config), encoding="utf-8")
 
 
 def engine_counters(url: str) -> dict[str, float]:
