@@ -147,3 +147,24 @@ def test_background_bursts_are_reported_apart(server: Server, tmp_path: Path) ->
     starts = sorted({round(r["start_s"], 1) for r in records})
     assert starts[0] == 0.0
     server.wait_pool_free()
+
+
+def test_serving_experiments_driver_reads_a_real_run(server: Server, tmp_path: Path) -> None:
+    """benchmarks/serving_experiments.py: its figures come from a real results.json, its engine
+    counters from the server's real /metrics, and a variant's config reruns with its server."""
+    import tomllib
+
+    from benchmarks.serving_experiments import _record_server, engine_counters, figures
+
+    report = bench(tmp_path, "--url", server.http_url, "--concurrency", "2", "--num-requests", "4")
+    f = figures(report)
+    assert f["completed"] == 4 and f["failed"] == 0 and f["output_tok_s"] > 0
+    assert f["ttft_p50_ms"] > 0 and f["e2e_p99_ms"] >= f["e2e_p50_ms"]
+    counters = engine_counters(server.http_url.removesuffix("/v1") + "/metrics")
+    assert counters["steps"] > 0 and counters["mean_batch"] >= 1
+    assert {"preempt_swap", "preempt_recompute", "swapped_blocks_out"} <= set(counters)
+    _record_server(tmp_path / "config.toml", "pdserve serve --colocated")
+    rerun = tomllib.loads((tmp_path / "config.toml").read_text())
+    assert rerun["server"]["command"] == "pdserve serve --colocated"
+    assert rerun["workload"]["prompt_len"] == "uniform:8:40"
+    server.wait_pool_free()
