@@ -61,6 +61,16 @@ def _serve(model: Path, *args: str) -> str:
     return shlex.join([*base, "--http-port", str(PORT), "--grpc-port", "0", *args])
 
 
+def _preemption_variants(num_kv_blocks: int) -> list[Variant]:
+    """Swap and recompute, colocated, with a KV pool of ``num_kv_blocks`` blocks."""
+    return [
+        Variant(
+            mode, ("--colocated", "--num-kv-blocks", str(num_kv_blocks), "--preemption-mode", mode)
+        )
+        for mode in ("swap", "recompute")
+    ]
+
+
 EXPERIMENTS: dict[str, tuple[str, list[Variant]]] = {
     "batching": (
         "batching.toml",
@@ -95,26 +105,8 @@ EXPERIMENTS: dict[str, tuple[str, list[Variant]]] = {
             Variant("hf-serve", None, config="peers/hf_serve.toml"),
         ],
     ),
-    "preemption-heavy": (
-        "preemption_heavy.toml",
-        [
-            Variant("swap", ("--colocated", "--num-kv-blocks", "192", "--preemption-mode", "swap")),
-            Variant(
-                "recompute",
-                ("--colocated", "--num-kv-blocks", "192", "--preemption-mode", "recompute"),
-            ),
-        ],
-    ),
-    "preemption": (
-        "preemption.toml",
-        [
-            Variant("swap", ("--colocated", "--num-kv-blocks", "256", "--preemption-mode", "swap")),
-            Variant(
-                "recompute",
-                ("--colocated", "--num-kv-blocks", "256", "--preemption-mode", "recompute"),
-            ),
-        ],
-    ),
+    "preemption-heavy": ("preemption_heavy.toml", _preemption_variants(192)),
+    "preemption": ("preemption.toml", _preemption_variants(256)),
 }
 
 

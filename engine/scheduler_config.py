@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 QueuePolicyName = Literal["fcfs", "priority"]
 PreemptionModeName = Literal["swap", "recompute", "auto"]
@@ -45,8 +45,10 @@ class SchedulerConfig:
                 "preemption_mode must be 'swap', 'recompute' or 'auto', "
                 f"got {self.preemption_mode!r}"
             )
-        if self.batching not in ("continuous", "static"):
-            raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
+        if self.batching not in get_args(BatchingName):
+            raise ValueError(
+                f"batching must be one of {get_args(BatchingName)}, got {self.batching!r}"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "max_num_batched_tokens must be >= max_model_len when chunked prefill is off "

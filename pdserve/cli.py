@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
+    from engine.scheduler_config import BatchingName
+
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help="Hugging Face model folder (default: demo model)")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
@@ -29,7 +31,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--batching",
         default="continuous",
-        choices=["continuous", "static"],
+        choices=get_args(BatchingName),
         help="static: a new batch only after the last one drained (a benchmark baseline)",
     )
     g.add_argument("--seed", type=int, default=0)

@@ -52,7 +52,9 @@ def serve_kv_transport(requested: str, *pinned: set[int] | None) -> tuple[str, s
     there, on the 2-core VM this was measured on, UCX (ucxx thread progress with Python
     futures, any UCX_TLS) froze the decode worker's token stream to the router for up to the
     whole length of a concurrent prefill (1.4-3.4 s per 1024-token burst; docs/kv_transfer.md),
-    while TCP, or UCX on unpinned workers, did not. So "auto" takes TCP there. An explicit
+    while TCP, or UCX on unpinned workers, did not. Pinning either worker alone also stalled,
+    so the rule needs both workers' CPU sets: it lives here, not in the decode worker's
+    ``resolve_transport``, which sees only its own. "auto" takes TCP there; an explicit
     transport is always kept.
     """
     if requested == "auto" and any(cpus is not None and len(cpus) == 1 for cpus in pinned):

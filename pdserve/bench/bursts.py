@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from pdserve.bench.client import BenchClient
 from pdserve.bench.distributions import LengthDist
-from pdserve.bench.load import OnDone
+from pdserve.bench.load import OnDone, send_and_record
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.workload import BenchRequest, WorkloadSpec, generate_requests
 
@@ -73,11 +73,6 @@ async def run_bursts(
     records: list[RequestRecord] = []
     tasks: list[asyncio.Task[None]] = []
 
-    async def one(req: BenchRequest) -> None:
-        record = await client.send(req, t0)
-        records.append(record)
-        done(record)
-
     burst = 0
     while True:
         delay = t0 + spec.start_s + burst * spec.interval_s - time.perf_counter()
@@ -88,7 +83,10 @@ async def run_bursts(
                 pass
         if stop.is_set():
             break
-        tasks += [asyncio.create_task(one(r)) for r in burst_requests(spec, workload, point, burst)]
+        tasks += [
+            asyncio.create_task(send_and_record(client, r, t0, records, done))
+            for r in burst_requests(spec, workload, point, burst)
+        ]
         burst += 1
     await asyncio.gather(*tasks)
     records.sort(key=lambda r: r.index)

@@ -71,6 +71,19 @@ async def run_point(
     return PointResult(load, records, time.perf_counter() - t0)
 
 
+async def send_and_record(
+    client: BenchClient,
+    request: BenchRequest,
+    t0: float,
+    records: list[RequestRecord],
+    done: OnDone,
+) -> None:
+    """Send one request, keep its record and report it (every load model sends this way)."""
+    record = await client.send(request, t0)
+    records.append(record)
+    done(record)
+
+
 async def _closed(
     client: BenchClient,
     requests: Sequence[BenchRequest],
@@ -86,9 +99,7 @@ async def _closed(
         for req in queue:  # one shared iterator: each request is taken by exactly one worker
             if deadline is not None and time.perf_counter() >= deadline:
                 return
-            record = await client.send(req, t0)
-            records.append(record)
-            done(record)
+            await send_and_record(client, req, t0, records, done)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
@@ -109,12 +120,10 @@ async def _open(
 
     async def one(req: BenchRequest) -> None:
         if limit is None:
-            record = await client.send(req, t0)
+            await send_and_record(client, req, t0, records, done)
         else:
             async with limit:
-                record = await client.send(req, t0)
-        records.append(record)
-        done(record)
+                await send_and_record(client, req, t0, records, done)
 
     tasks = []
     for req, at in zip(requests, times, strict=True):

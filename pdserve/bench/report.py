@@ -37,10 +37,10 @@ def to_json(result: BenchResult) -> dict[str, Any]:
                 "summary": p.summary.to_json(),
                 "records": [r.to_json() for r in p.result.records],
                 "bursts": None
-                if p.bursts is None or p.bursts_summary is None
+                if p.bursts is None
                 else {
-                    "summary": p.bursts_summary.to_json(),
-                    "records": [r.to_json() for r in p.bursts],
+                    "summary": p.bursts.summary.to_json(),
+                    "records": [r.to_json() for r in p.bursts.records],
                 },
             }
             for p in result.points
@@ -132,10 +132,10 @@ def print_report(result: BenchResult, console: Console) -> None:
     for p in result.points:
         console.print(summary_table(f"{result.model}: {p.result.load.label}", p.summary))
         console.print(latency_table(p.summary))
-        if p.bursts_summary is not None:
+        if p.bursts is not None:
             title = f"background bursts during {p.result.load.label}"
-            console.print(summary_table(title, p.bursts_summary))
-            console.print(latency_table(p.bursts_summary))
+            console.print(summary_table(title, p.bursts.summary))
+            console.print(latency_table(p.bursts.summary))
     if len(result.points) > 1:
         console.print(sweep_table(result))
     if result.config.slo.targets:

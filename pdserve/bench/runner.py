@@ -21,13 +21,20 @@ from pdserve.bench.workload import PromptRenderer, generate_requests
 WARMUP_REPLICA = -1  # warm-up prompts share no tokens with any point's prompts
 
 
+@dataclass(frozen=True)
+class BurstsReport:
+    """The background bursts of one load point (summarized over the point's duration)."""
+
+    records: list[RequestRecord]
+    summary: Summary
+
+
 @dataclass
 class PointReport:
     result: PointResult
     summary: Summary
     is_slo_held: bool | None  # None without an SLO
-    bursts: list[RequestRecord] | None = None  # the background bursts' records, if any
-    bursts_summary: Summary | None = None
+    bursts: BurstsReport | None = None  # None without background bursts
 
 
 @dataclass
@@ -147,12 +154,12 @@ async def run_bench(
             held = None
             if summary.slo_attainment is not None:
                 held = summary.slo_attainment >= config.slo.min_attainment
-            report = PointReport(point, summary, held)
+            burst_report = None
             if burst_records is not None:
-                report.bursts = burst_records
-                report.bursts_summary = summarize(burst_records, point.duration_s, Slo())
+                burst_summary = summarize(burst_records, point.duration_s, Slo())
+                burst_report = BurstsReport(burst_records, burst_summary)
                 log(f"{load.label}: {len(burst_records)} burst requests in the background")
-            result.points.append(report)
+            result.points.append(PointReport(point, summary, held, burst_report))
             log(
                 f"{load.label}: {summary.num_completed}/{summary.num_requests} completed, "
                 f"{summary.output_token_throughput:.1f} output tok/s"
