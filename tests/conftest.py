@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,32 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# The public default ports (`pdserve serve`'s HTTP and gRPC). The suite never binds them: it
+# runs beside a real server on this machine and in parallel with itself. The controller process
+# holds them for the whole run, so any test or server that tries fails with "address in use".
+PUBLIC_DEFAULT_PORTS = (8000, 50051)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller holds the ports
+        return
+    held = []
+    for port in PUBLIC_DEFAULT_PORTS:
+        for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((host, port))
+                sock.listen(1)
+            except OSError as e:
+                sock.close()
+                warnings.warn(f"cannot hold default port {host}:{port} ({e})", stacklevel=1)
+                continue
+            held.append(sock)
+    config._pdserve_held_ports = held  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

@@ -1,18 +1,11 @@
 #!/usr/bin/env bash
-# Set up everything the test suite needs on a fresh machine (Python, pip and apt only),
-# then run the linters, the type checker and the tests. `.ci/run` calls exactly this.
+# The README's test command (`.ci/run` calls exactly this): install everything the suite needs
+# on a fresh machine (tests/ci/install.sh: apt packages when missing, the pinned toolchain of
+# tests/ci/constraints.txt), then ruff, mypy and the whole suite. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-# Prometheus and promtool (Debian's package) for tests/observability; CI runs this as root.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus
-fi
-# The CPU wheel of torch 2.13.0 is on local disk; pinning it first keeps pip from pulling a
-# multi-GB CUDA build for any dependency that asks for torch.
-python3 -m pip install --quiet "torch==2.13.0"
-python3 -m pip install --quiet -e ".[test,ucx]"
+bash tests/ci/install.sh
 
 python3 -m ruff check .
 python3 -m mypy

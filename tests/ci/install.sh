@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs, idempotently: Debian packages (when missing), then
+# pdserve's dependencies and the test toolchain at the exact versions of tests/ci/constraints.txt
+# (the one known-good set), then pdserve itself in editable mode. A second run installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# System packages: prometheus + promtool (tests/observability), redis-server (control plane).
+missing=()
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+command -v redis-server >/dev/null || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# pdserve's requirements (runtime + the test and ucx extras), read from pyproject.toml and
+# resolved under the constraints file, so a fresh machine gets exactly the tested versions.
+# torch comes first on the list: the constraint picks the local CPU wheel (2.13.0+cpu).
+mapfile -t reqs < <(python3 tests/ci/requirements.py test ucx)
+python3 -m pip install --quiet -c tests/ci/constraints.txt "${reqs[@]}"
+
+# pdserve itself (editable, no deps: they are installed above). Skipped when this checkout is
+# already installed with this pyproject.toml, so a second run is a no-op.
+if ! python3 tests/ci/requirements.py --is-installed; then
+    python3 -m pip install --quiet --no-deps -e .
+    python3 tests/ci/requirements.py --mark-installed
+fi
