@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -31,6 +32,7 @@ class _Target:
         self.info: WorkerInfo | None = None
         self.reachable = False
         self.last_error = ""
+        self.relist_at = 0.0  # monotonic: when to ask who the worker is again
 
 
 class StaticClusterSource:
@@ -41,10 +43,14 @@ class StaticClusterSource:
         prefill: Sequence[str],
         channels: dict[str, grpc.aio.Channel] | None = None,
         poll_s: float = 0.1,
+        relist_s: float = 1.0,
     ) -> None:
-        """``channels`` lets the router share its channels (address -> channel)."""
+        """``channels`` lets the router share its channels (address -> channel). Load and KV
+        events are polled every ``poll_s``; who each worker is (state, epoch) every
+        ``relist_s``."""
         self.view = view
         self._poll_s = poll_s
+        self._relist_s = relist_s
         shared = channels or {}
         self._own: list[grpc.aio.Channel] = []
         self._targets: list[_Target] = []
@@ -78,8 +84,10 @@ class StaticClusterSource:
 
     async def _poll(self, t: _Target) -> None:
         try:
-            if t.info is None:
+            now = time.monotonic()
+            if t.info is None or now >= t.relist_at:
                 await self._learn(t)
+                t.relist_at = now + self._relist_s
             assert t.info is not None
             report = await t.client.load(t.info.worker_id, self.view.registry_time())
             if report.epoch != t.info.epoch:
@@ -104,11 +112,16 @@ class StaticClusterSource:
         info = await t.client.info()
         if info.role != t.role:
             raise ValueError(f"{t.address} is a {info.role} worker, listed as {t.role}")
+        new_process = t.info is None or (t.info.worker_id, t.info.epoch) != (
+            info.worker_id,
+            info.epoch,
+        )
         if t.info is not None and t.info.worker_id != info.worker_id:
             self.view.remove_member(t.info.worker_id)
         t.info = info
         self.view.upsert_member(info)
-        self.view.kv_index.remove_worker(info.worker_id)
+        if new_process:
+            self.view.kv_index.remove_worker(info.worker_id)
 
     async def _follow_kv(self, t: _Target, info: WorkerInfo) -> None:
         if self.view.member(info.worker_id) is None:

@@ -112,3 +112,39 @@ def test_a_worker_listed_in_the_wrong_role_is_refused() -> None:
         await d.stop()
 
     run(main)
+
+
+def test_worker_control_plane_reports_engine_cache_and_drain() -> None:
+    from control_plane.worker_side import WorkerControlPlane
+    from engine.block_manager import BlockManager
+
+    async def main() -> None:
+        plane = WorkerControlPlane(info("p1", role="prefill"), lambda: LoadSample(100, 100, 0, 0))
+        server = grpc.aio.server()
+        control_pb2_grpc.add_WorkerControlServicer_to_server(plane.servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        await plane.start()
+        view = ClusterView(FP)
+        source = StaticClusterSource(view, [], [f"127.0.0.1:{port}"], poll_s=0.05, relist_s=0.1)
+        await source.start()
+        bm = BlockManager(16, 16)
+        bm.enable_kv_events()
+        tokens = list(range(64))
+        h = hash_block_tokens(tokens, 16)
+        bm.allocate("r", 64)
+        bm.cache_blocks("r", h, 64)
+        bm.free("r")
+        plane.on_engine_step(bm)  # what the engine thread does after a step
+        await until(lambda: view.kv_index.overlap(h) == {"p1": 4}, what="the engine's cache")
+        bm.allocate("big", 16 * 16)  # reuses every free block: all four hashes evicted
+        plane.on_engine_step(bm)
+        await until(lambda: view.kv_index.overlap(h) == {}, what="the evictions")
+        assert [m.worker_id for m in view.routable("prefill")] == ["p1"]
+        await plane.drain()
+        await until(lambda: not view.routable("prefill"), what="the drain")
+        await source.close()
+        await plane.stop()
+        await server.stop(0)
+
+    run(main)
