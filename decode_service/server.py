@@ -8,13 +8,15 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from decode_service.service import DecodeOwner, DecodeWorkerService
+from decode_service.service import DecodeWorkerService
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import create_receiver, resolve_transport
+from kv_transfer.decode_connector import DecodeConnector
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
+from pdserve.options import engine_config_from_args
 from pdserve.worker_process import (
     add_worker_args,
     metrics_port_of,
@@ -40,15 +42,16 @@ async def serve(
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
-    engine = LLMEngine(config)
-    owner = DecodeOwner()
+    connector = DecodeConnector(config.block_size)
+    engine = LLMEngine(config, kv_connector=connector)
     kind = resolve_transport(transport)
     receiver = create_receiver(
-        engine.kv_spec, engine.kv_cache.pool, owner, kind, host=kv_host, port=kv_port
+        engine.kv_spec, engine.kv_cache.pool, connector, kind, host=kv_host, port=kv_port
     )
     await receiver.start()
+    connector.attach(receiver)
     aengine = AsyncEngine(engine)
-    servicer = DecodeWorkerService(aengine, receiver, owner, kind)
+    servicer = DecodeWorkerService(aengine, connector, receiver, kind)
     server, bound = await start_grpc_server(
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
     )
@@ -74,8 +77,6 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pdserve.cli import engine_options
-
     p = argparse.ArgumentParser(prog="pdserve decode", description="run a decode worker")
     add_worker_args(p, default_port=50061)
     p.add_argument("--kv-transport", default="auto", help="auto | ucx | tcp")
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-port", type=int, default=0)
     a = p.parse_args(argv)
     prepare_worker_process()
-    config = EngineConfig(model=a.model, **engine_options(a))
+    config = engine_config_from_args(a)
     asyncio.run(
         serve(
             config,

@@ -66,3 +66,25 @@ class TrackedRequest:
                 finished_time=now if finished else None,
             ),
         )
+
+    def make_error_output(self, error: str, now: float) -> RequestOutput:
+        """The final output of a request that failed before producing a token."""
+        request = self.request
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids,
+            text=self.detok.emitted_text if self.detok is not None else "",
+            new_token_ids=[],
+            new_text="",
+            finished=True,
+            finish_reason="error",
+            prompt=self.prompt,
+            error=error,
+            metrics=RequestMetrics(
+                arrival_time=request.arrival_time,
+                first_scheduled_time=self.first_scheduled_time,
+                first_token_time=self.first_token_time,
+                finished_time=now,
+            ),
+        )

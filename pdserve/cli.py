@@ -3,59 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, get_args
+from typing import Any
 
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    from engine.scheduler_config import BatchingName
-
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="Hugging Face model folder (default: demo model)")
-    g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    g.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
-    g.add_argument("--swap-space-gb", type=float, default=0.5)
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--max-num-seqs", type=int, default=128)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--no-chunked-prefill", action="store_true")
-    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
-    g.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
-    g.add_argument(
-        "--batching",
-        default="continuous",
-        choices=get_args(BatchingName),
-        help="static: a new batch only after the last one drained (a benchmark baseline)",
-    )
-    g.add_argument("--seed", type=int, default=0)
-
-
-def engine_options(a: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        dtype=a.dtype,
-        device=a.device,
-        attention_backend=a.attention_backend,
-        block_size=a.block_size,
-        num_kv_blocks=a.num_kv_blocks,
-        kv_cache_memory_gb=a.kv_cache_memory_gb,
-        swap_space_gb=a.swap_space_gb,
-        enable_prefix_caching=not a.no_prefix_caching,
-        max_num_seqs=a.max_num_seqs,
-        max_num_batched_tokens=a.max_num_batched_tokens,
-        max_model_len=a.max_model_len,
-        enable_chunked_prefill=not a.no_chunked_prefill,
-        scheduling_policy=a.scheduling_policy,
-        preemption_mode=a.preemption_mode,
-        batching=a.batching,
-        seed=a.seed,
-    )
+from pdserve.options import add_engine_args, config_to_argv, engine_config_from_args
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
@@ -72,7 +26,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             ignore_eos=a.ignore_eos,
             logprobs=a.logprobs,
         )
-        llm = LLM(a.model, **engine_options(a))
+        config = engine_config_from_args(a)
+        llm = LLM(**dataclasses.asdict(config))
         outputs = llm.generate(list(a.prompt), params)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -98,12 +53,11 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     if not a.colocated:
         return _serve_disaggregated(a)
-    from engine.engine_config import EngineConfig
     from router.local_backend import LocalEngineBackend
 
     try:
         _router_options(a)  # validate before loading the model
-        config = EngineConfig(model=a.model, **engine_options(a))
+        config = engine_config_from_args(a)
         backend = LocalEngineBackend(config, served_model_name=a.served_model_name)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -162,8 +116,8 @@ def _router_metrics(a: argparse.Namespace, backend: Any, mode: str) -> Any:
 
         engine = backend.async_engine
         metrics.registry.register(EngineCollector(engine, role, model))
-        metrics.stages.add("prefill_queue", engine.engine.metrics.queue_seconds)
-        metrics.stages.add("prefill_compute", engine.engine.metrics.prefill_seconds)
+        metrics.stages.add("prefill_queue", engine.metrics.queue_seconds)
+        metrics.stages.add("prefill_compute", engine.metrics.prefill_seconds)
     return metrics
 
 
@@ -173,7 +127,6 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
 
     from engine.demo_model import demo_model_path
     from pdserve.launch import (
-        engine_argv,
         parse_cpus,
         serve_kv_transport,
         start_worker,
@@ -190,7 +143,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             return int(sock.getsockname()[1])
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
-    common = engine_argv(a)
+    common = config_to_argv(engine_config_from_args(a), exclude=("model",))
     if a.served_model_name:
         common += ["--served-model-name", a.served_model_name]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)

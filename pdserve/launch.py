@@ -3,7 +3,6 @@ processes, then run the router in this process over them. Every child is stopped
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -12,38 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# EngineConfig option -> CLI flag, for forwarding the engine flags to the workers.
-_FLAGS = {
-    "dtype": "--dtype",
-    "device": "--device",
-    "attention_backend": "--attention-backend",
-    "block_size": "--block-size",
-    "num_kv_blocks": "--num-kv-blocks",
-    "kv_cache_memory_gb": "--kv-cache-memory-gb",
-    "swap_space_gb": "--swap-space-gb",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_model_len": "--max-model-len",
-    "scheduling_policy": "--scheduling-policy",
-    "preemption_mode": "--preemption-mode",
-    "batching": "--batching",
-    "seed": "--seed",
-}
-
-
-def engine_argv(a: argparse.Namespace) -> list[str]:
-    argv: list[str] = []
-    for name, flag in _FLAGS.items():
-        value = getattr(a, name, None)
-        if value is not None:
-            argv += [flag, str(value)]
-    if getattr(a, "no_prefix_caching", False):
-        argv.append("--no-prefix-caching")
-    if getattr(a, "no_chunked_prefill", False):
-        argv.append("--no-chunked-prefill")
-    return argv
-
 
 def serve_kv_transport(requested: str, *pinned: set[int] | None) -> tuple[str, str | None]:
     """The KV transport ``pdserve serve`` gives its workers, and why when it overrides "auto".

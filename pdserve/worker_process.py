@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from pdserve.options import add_engine_args
+
 
 def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
     """``--host/--port/--metrics-port/--served-model-name`` plus every engine flag."""
-    from pdserve.cli import add_engine_args
-
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=default_port)
     p.add_argument(

@@ -12,8 +12,10 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import KVSender
+from kv_transfer.prefill_connector import PrefillConnector
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
+from pdserve.options import engine_config_from_args
 from pdserve.worker_process import (
     add_worker_args,
     metrics_port_of,
@@ -21,7 +23,7 @@ from pdserve.worker_process import (
     start_grpc_server,
     wait_for_stop_signal,
 )
-from prefill_service.service import PrefillWorkerService, ProgressRouter
+from prefill_service.service import PrefillWorkerService
 from protos.pdserve.v1 import worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -37,11 +39,11 @@ async def serve(
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
-    engine = LLMEngine(config)
-    progress = ProgressRouter()
-    aengine = AsyncEngine(engine, on_step=progress.on_step)
+    connector = PrefillConnector()
+    engine = LLMEngine(config, kv_connector=connector)
+    aengine = AsyncEngine(engine)
     sender = KVSender(engine.kv_spec, engine.kv_cache.pool)
-    servicer = PrefillWorkerService(aengine, progress, sender)
+    servicer = PrefillWorkerService(aengine, connector, sender)
     server, bound = await start_grpc_server(
         worker_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
     )
@@ -67,12 +69,10 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pdserve.cli import engine_options
-
     p = argparse.ArgumentParser(prog="pdserve prefill", description="run a prefill worker")
     add_worker_args(p, default_port=50071)
     a = p.parse_args(argv)
     prepare_worker_process()
-    config = EngineConfig(model=a.model, **engine_options(a))
+    config = engine_config_from_args(a)
     asyncio.run(serve(config, a.host, a.port, metrics_port_of(a), a.served_model_name))
     return 0

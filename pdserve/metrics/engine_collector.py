@@ -1,8 +1,8 @@
 """Engine gauges, counters and histograms of one ``AsyncEngine``, read at scrape time.
 
-Sources (all safe to read from the scrape thread): ``AsyncEngine.stats`` (a frozen snapshot the
-engine thread publishes), ``Scheduler.stats`` (monotonic integer counters) and
-``LLMEngine.metrics`` (``engine.metrics``: locked histograms).
+Sources (both safe to read from the scrape thread): ``AsyncEngine.stats`` (the frozen
+``EngineStats`` snapshot the engine thread publishes: gauges and counters) and
+``AsyncEngine.metrics`` (locked histograms).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ class EngineCollector:
         names = list(self._labels)
         values = list(self._labels.values())
         s = self._engine.stats
-        sched = self._engine.engine.scheduler.stats
-        m = self._engine.engine.metrics.snapshot()
+        m = self._engine.metrics.snapshot()
 
         requests = GaugeMetricFamily(
             "pdserve_engine_requests",
@@ -72,26 +71,26 @@ class EngineCollector:
             "Requests preempted because KV blocks ran out, by mode (swap, recompute).",
             labels=[*names, "mode"],
         )
-        preemptions.add_metric([*values, "swap"], sched.num_preemptions_swap)
-        preemptions.add_metric([*values, "recompute"], sched.num_preemptions_recompute)
+        preemptions.add_metric([*values, "swap"], s.num_preemptions_swap)
+        preemptions.add_metric([*values, "recompute"], s.num_preemptions_recompute)
         yield preemptions
         swapped = CounterMetricFamily(
             "pdserve_engine_swapped_blocks",
             "KV blocks copied between the device pool and host memory, by direction (out, in).",
             labels=[*names, "direction"],
         )
-        swapped.add_metric([*values, "out"], sched.num_blocks_swapped_out)
-        swapped.add_metric([*values, "in"], sched.num_blocks_swapped_in)
+        swapped.add_metric([*values, "out"], s.num_blocks_swapped_out)
+        swapped.add_metric([*values, "in"], s.num_blocks_swapped_in)
         yield swapped
         yield counter(
             "pdserve_engine_prefix_cache_query_blocks",
             "Full prompt blocks looked up in the prefix cache at admission.",
-            sched.num_prefix_query_blocks,
+            s.num_prefix_query_blocks,
         )
         yield counter(
             "pdserve_engine_prefix_cache_hit_blocks",
             "Prompt blocks found in the prefix cache (not recomputed).",
-            sched.num_prefix_hit_blocks,
+            s.num_prefix_hit_blocks,
         )
         yield counter("pdserve_engine_steps", "Engine steps executed.", s.num_steps)
         yield counter(
