@@ -28,11 +28,10 @@ from engine.metrics import EngineMetrics
 from engine.model_config import load_model_config
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, SampledToken
 from engine.prompt_validation import resolve_prompt_ids
 from engine.request import Request, RequestStatus
 from engine.request_snapshot import RequestSnapshot
-from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_config import SchedulerConfig

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.sampler import SampledToken
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None  # log-probability of token_id under the model (raw logits)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the n most likely (token id, logprob)
 
 
 @dataclass(frozen=True)

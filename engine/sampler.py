@@ -8,14 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.outputs import SampledToken
 from engine.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class SampledToken:
-    token_id: int
-    logprob: float | None = None  # log-probability of token_id under the model (raw logits)
-    top_logprobs: tuple[tuple[int, float], ...] = ()  # the n most likely (token id, logprob)
 
 
 @dataclass(frozen=True)

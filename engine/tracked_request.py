@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, SampledToken
 from engine.request import Request
-from engine.sampler import SampledToken
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from engine.block_hash import hash_block_tokens
-from engine.model_config import load_model_config
+from engine.model_card import load_model_card
 from engine.outputs import RequestOutput
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
@@ -63,12 +63,12 @@ class DisaggregatedBackend:
 
         if not decode_targets or not prefill_targets:
             raise ValueError("need at least one decode and one prefill worker")
-        mc = load_model_config(model)
+        mc = load_model_card(model)
         self._text = TokenizerOps(model)
         self._info = ModelInfo(
             model=served_model_name or Path(mc.path).name,
             architecture=mc.architecture,
-            dtype=mc.dtype_str,
+            dtype=mc.dtype(),
             max_model_len=min(
                 max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
             ),

@@ -6,8 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.outputs import RequestOutput
-from engine.sampler import SampledToken
+from engine.outputs import RequestOutput, SampledToken
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.outputs import RequestOutput
-from engine.sampler import SampledToken
+from engine.outputs import RequestOutput, SampledToken
 from engine.sampling_params import SamplingParams
 from pdserve.wire import delta_to_proto as response_from_output
 from pdserve.wire import sampling_params_from_proto
