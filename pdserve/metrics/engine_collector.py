@@ -31,12 +31,14 @@ class EngineCollector:
 
         requests = GaugeMetricFamily(
             "pdserve_engine_requests",
-            "Requests in the engine by scheduler state (running, waiting, swapped).",
+            "Requests in the engine by scheduler state (running, waiting, swapped, "
+            "waiting_for_remote_kv).",
             labels=[*names, "state"],
         )
         requests.add_metric([*values, "running"], s.num_running)
         requests.add_metric([*values, "waiting"], s.num_waiting)
         requests.add_metric([*values, "swapped"], s.num_swapped)
+        requests.add_metric([*values, "waiting_for_remote_kv"], s.num_waiting_for_remote_kv)
         yield requests
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -93,6 +95,17 @@ class EngineCollector:
             s.num_prefix_hit_blocks,
         )
         yield counter("pdserve_engine_steps", "Engine steps executed.", s.num_steps)
+        yield counter(
+            "pdserve_engine_invariant_checks",
+            "KV pool invariant checks run (whenever the engine goes idle, or every step with "
+            "--check-invariants).",
+            s.num_invariant_checks,
+        )
+        yield counter(
+            "pdserve_engine_invariant_failures",
+            "KV pool invariant checks that failed (a bug: blocks leaked or double-owned).",
+            s.num_invariant_failures,
+        )
         yield counter(
             "pdserve_engine_generation_tokens",
             "Tokens this engine sampled (a remote prefill's first token not included).",
