@@ -38,7 +38,7 @@ class Probes(Closed):
     )
     liveness: Probe = Field(
         default=Probe(period_seconds=10, failure_threshold=6, timeout_seconds=5),
-        description="restarted after this many failures; must outlast drain.seconds",
+        description="restarted after this many failures (not probed once the pod is deleted)",
     )
 
 
