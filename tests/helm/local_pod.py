@@ -3,13 +3,13 @@
 What Kubernetes does and this does too: the container's ``command``/``args`` are run as
 given; its env is only what the spec declares (``value``, ``fieldRef``, ``resourceFieldRef``,
 ``secretKeyRef``), each ``$(VAR)`` expanded from earlier vars as the kubelet expands them;
-every volume is its own directory (emptyDir, PVC, Secret files).
+it runs as the spec's user, on a read-only root when the spec says so, with every volume
+(emptyDir, PVC, Secret files) at its mountPath and nothing else writable (sandbox.py).
 
 What stands in for the cluster, and only that: the pod IP is 127.0.0.1 (a wildcard bind
 address, "0.0.0.0", binds loopback); a Service's DNS name with its port is replaced by
-127.0.0.1 and the port of the pod it selects; a volume's mount path, where the spec names it
-in env or args, becomes that volume's directory (a container sees its own filesystem; a
-process here shares the host's). The image's ``pdserve`` entry point is this venv's.
+127.0.0.1 and the port of the pod it selects; the image's ``pdserve`` (and ``hf``) are this
+venv's, first on PATH; the host's filesystem stands in for the image's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.helm.sandbox import Mount, Sandbox
 
 LOOPBACK = "127.0.0.1"
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -84,8 +85,14 @@ class LocalPod:
     def log(self) -> Path:
         return self.root / "log.txt"
 
+    def _security(self, key: str, default: Any = None) -> Any:
+        return self.container.get("securityContext", {}).get(
+            key, self.pod.get("securityContext", {}).get(key, default)
+        )
+
     def _make_volumes(self) -> None:
         volumes = {v["name"]: v for v in self.pod.get("volumes", [])}
+        uid, group = self._security("runAsUser", 0), self._security("fsGroup", 0)
         for mount in self.container.get("volumeMounts", []):
             volume = volumes[mount["name"]]
             local = self.root / "volumes" / mount["name"]
@@ -98,16 +105,24 @@ class LocalPod:
                     (local / key).write_text(value)
             elif "emptyDir" in volume:
                 local.mkdir(parents=True, exist_ok=True)
+                os.chown(local, uid, group)  # the kubelet gives fsGroup the volume
             else:
                 raise NotImplementedError(f"volume {mount['name']}: {sorted(volume)}")
             self.mounts[mount["mountPath"]] = local
 
-    def local_path(self, text: str) -> str:
-        """A path inside the container -> where that volume lives here."""
-        for mount in sorted(self.mounts, key=len, reverse=True):
-            if text == mount or text.startswith(mount + "/"):
-                return str(self.mounts[mount]) + text[len(mount) :]
-        return text
+    @property
+    def sandbox(self) -> Sandbox:
+        mounts = tuple(
+            Mount(self.mounts[m["mountPath"]], m["mountPath"], bool(m.get("readOnly")))
+            for m in self.container.get("volumeMounts", [])
+        )
+        return Sandbox(
+            self.root / "sandbox",
+            mounts,
+            self._security("runAsUser", 0),
+            self._security("runAsGroup", 0),
+            bool(self._security("readOnlyRootFilesystem", False)),
+        )
 
     def _field(self, path: str) -> str:
         return {"status.podIP": LOOPBACK, "metadata.name": self.name}[path]
@@ -131,29 +146,28 @@ class LocalPod:
             else:
                 ref = var["valueFrom"]["secretKeyRef"]
                 value = self.cluster.secrets[ref["name"]][ref["key"]]
-            env[var["name"]] = self.local_path(self.cluster.map_addresses(value))
+            env[var["name"]] = self.cluster.map_addresses(value)
         return env
 
     def argv(self) -> list[str]:
-        command = list(self.container["command"])
         args = [expand(str(a), self.env) for a in self.container.get("args", [])]
-        args = [self.local_path(self.cluster.map_addresses(a)) for a in args]
-        entry = command[0]
-        local = Path(sys.executable).with_name(entry)  # pdserve, hf: this venv's entry points
-        command[0] = str(local) if local.exists() else (shutil.which(entry) or entry)
-        return [*command, *args]
+        return [*self.container["command"], *(self.cluster.map_addresses(a) for a in args)]
 
     def process_env(self) -> dict[str, str]:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.defpath])
         host = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
         return {"PATH": path, **host, **self.env}
 
+    def exec_argv(self, argv: list[str]) -> list[str]:
+        """``argv`` inside this running pod's container (for exec probes)."""
+        assert self.process is not None
+        return self.sandbox.exec_command(self.process.pid, argv, self.process_env())
+
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                self.argv(),
-                env=self.process_env(),
+                self.sandbox.command(self.argv(), self.process_env()),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.root,

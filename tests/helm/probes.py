@@ -50,11 +50,9 @@ def _http(pod: LocalPod, action: dict[str, Any], timeout: float) -> ProbeResult:
 
 
 def _exec(pod: LocalPod, action: dict[str, Any], timeout: float) -> ProbeResult:
-    command = [pod.cluster.map_addresses(pod.local_path(str(a))) for a in action["command"]]
+    command = pod.exec_argv([pod.cluster.map_addresses(str(a)) for a in action["command"]])
     try:
-        r = subprocess.run(
-            command, env=pod.process_env(), capture_output=True, text=True, timeout=timeout
-        )
+        r = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return ProbeResult(False, "timeout")
     return ProbeResult(r.returncode == 0, f"exit {r.returncode}: {r.stdout.strip()}")

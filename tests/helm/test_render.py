@@ -95,3 +95,22 @@ def test_custom_resources_are_covered() -> None:
     assert set(CUSTOM_RESOURCES) <= kinds
     assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
     assert {"StatefulSet", "ConfigMap", "ServiceAccount"} <= kinds
+
+
+def _nulls(node: Any, path: str) -> list[str]:
+    if node is None:
+        return [path]
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _nulls(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _nulls(v, f"{path}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_no_empty_blocks_render_as_null(example: str) -> None:
+    """An empty `env:` or `volumes:` renders as null, which the API server takes but a
+    strategic merge or a tool reading the spec may not."""
+    for obj in objects(render_example(example)):
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert not _nulls(obj, where)
