@@ -99,9 +99,7 @@ def router_parser() -> argparse.ArgumentParser:
     """``pdserve router``'s parser, as ``pdserve.cli.build_parser`` builds it."""
     from pdserve.cli import build_parser
 
-    sub = next(
-        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
-    )
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices["router"]  # type: ignore[no-any-return]
 
 

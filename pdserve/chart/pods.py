@@ -21,7 +21,7 @@ class Closed(BaseModel):
 class Probe(Closed):
     period_seconds: int = Field(ge=1, description="how often the kubelet probes")
     failure_threshold: int = Field(ge=1, description="failures in a row before it acts")
-    timeout_seconds: int = Field(2, ge=1, description="one probe's deadline")
+    timeout_seconds: int = Field(default=2, ge=1, description="one probe's deadline")
 
 
 class Probes(Closed):
@@ -43,8 +43,8 @@ class Probes(Closed):
 
 
 class TopologySpread(Closed):
-    enabled: bool = Field(True, description="spread this role's pods over topologyKeys")
-    max_skew: int = Field(1, ge=1)
+    enabled: bool = Field(default=True, description="spread this role's pods over topologyKeys")
+    max_skew: int = Field(default=1, ge=1)
     topology_keys: list[str] = Field(
         default=["kubernetes.io/hostname", "topology.kubernetes.io/zone"],
         description="one constraint per key, each selecting this role's pods of this release",
@@ -53,39 +53,41 @@ class TopologySpread(Closed):
 
 
 class Hpa(Closed):
-    enabled: bool = Field(False, description="a HorizontalPodAutoscaler (autoscaling/v2)")
+    enabled: bool = Field(default=False, description="a HorizontalPodAutoscaler (autoscaling/v2)")
     behavior: Open = Field(default_factory=dict, description="HPA spec.behavior, as given")
 
 
 class Keda(Closed):
-    enabled: bool = Field(False, description="a KEDA ScaledObject with a Prometheus trigger")
-    polling_interval: int = Field(15, ge=1, description="seconds between KEDA's queries")
-    cooldown_period: int = Field(300, ge=0, description="seconds before scaling to min")
+    enabled: bool = Field(
+        default=False, description="a KEDA ScaledObject with a Prometheus trigger"
+    )
+    polling_interval: int = Field(default=15, ge=1, description="seconds between KEDA's queries")
+    cooldown_period: int = Field(default=300, ge=0, description="seconds before scaling to min")
 
 
 class Pdb(Closed):
-    enabled: bool = Field(True, description="rendered only when the pool runs 2+ replicas")
-    max_unavailable: int | str = Field(1, description="pods that may be evicted at once")
+    enabled: bool = Field(default=True, description="rendered only when the pool runs 2+ replicas")
+    max_unavailable: int | str = Field(default=1, description="pods that may be evicted at once")
 
 
 class Gpu(Closed):
-    count: int = Field(0, ge=0, description="GPUs per pod (0: CPU only)")
+    count: int = Field(default=0, ge=0, description="GPUs per pod (0: CPU only)")
     vendor: Literal["nvidia", "amd", "intel"] = Field(
-        "nvidia", description="nvidia.com/gpu, amd.com/gpu or gpu.intel.com/i915"
+        default="nvidia", description="nvidia.com/gpu, amd.com/gpu or gpu.intel.com/i915"
     )
 
 
 class PodSettings(Closed):
     """Placement and extras every role takes."""
 
-    replicas: int = Field(1, ge=0, description="pods (ignored while an autoscaler is on)")
+    replicas: int = Field(default=1, ge=0, description="pods (ignored while an autoscaler is on)")
     resources: Open = Field(default_factory=dict, description="container resources, as given")
     node_selector: dict[str, str] = Field(default_factory=dict)
     affinity: Open = Field(default_factory=dict)
     tolerations: list[Open] = Field(default_factory=list)
     topology_spread: TopologySpread = Field(default_factory=TopologySpread)
     extra_topology_spread_constraints: list[Open] = Field(default_factory=list)
-    priority_class_name: str = Field("", description="a PriorityClass for this role's pods")
+    priority_class_name: str = Field(default="", description="a PriorityClass for this role's pods")
     strategy: Open = Field(default_factory=dict, description="Deployment spec.strategy")
     pod_labels: dict[str, str] = Field(default_factory=dict)
     pod_annotations: dict[str, str] = Field(default_factory=dict)

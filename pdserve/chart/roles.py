@@ -21,7 +21,7 @@ def flags_model(name: str, flags: list[Flag]) -> type[BaseModel]:
     fields: dict[str, Any] = {
         f.key: (
             f.python_type(),
-            Field(None, description=f"{f.flag} ({_default(f)}) {f.help}".strip()),
+            Field(default=None, description=f"{f.flag} ({_default(f)}) {f.help}".strip()),
         )
         for f in flags
     }
@@ -35,10 +35,12 @@ RouterFlags = flags_model("RouterFlags", router_flags())
 class Autoscaling(Closed):
     """HPA or KEDA (never both) on one metric pdserve exports; see docs/kubernetes.md."""
 
-    min_replicas: int = Field(1, ge=1)
-    max_replicas: int = Field(4, ge=1)
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=4, ge=1)
     target: float | None = Field(
-        None, gt=0, description="the metric's target (default: per metric, docs/kubernetes.md)"
+        default=None,
+        gt=0,
+        description="the metric's target (default: per metric, docs/kubernetes.md)",
     )
     hpa: Hpa = Field(default_factory=Hpa)
     keda: Keda = Field(default_factory=Keda)
@@ -46,14 +48,14 @@ class Autoscaling(Closed):
 
 class RouterAutoscaling(Autoscaling):
     metric: Literal["inflightRequests", "cpu"] = Field(
-        "inflightRequests",
+        default="inflightRequests",
         description="inflightRequests: admitted requests per router; cpu: CPU utilization %",
     )
 
 
 class PrefillAutoscaling(Autoscaling):
     metric: Literal["waitingRequests", "prefillQueueP95", "ttftP95"] = Field(
-        "waitingRequests",
+        default="waitingRequests",
         description="waitingRequests: queued prompts per worker; prefillQueueP95: p95 wait "
         "in prefill's queue (s); ttftP95: p95 time to first token (s)",
     )
@@ -61,26 +63,26 @@ class PrefillAutoscaling(Autoscaling):
 
 class DecodeAutoscaling(Autoscaling):
     metric: Literal["kvUsage", "itlP95"] = Field(
-        "kvUsage",
+        default="kvUsage",
         description="kvUsage: KV-block usage per worker (0..1); itlP95: p95 inter-token "
         "latency (s)",
     )
 
 
 class RouterPorts(Closed):
-    http: int = Field(8000, ge=1, le=65535, description="OpenAI HTTP, /health, /metrics")
-    grpc: int = Field(50051, ge=1, le=65535, description="pdserve.v1.GenerationService")
+    http: int = Field(default=8000, ge=1, le=65535, description="OpenAI HTTP, /health, /metrics")
+    grpc: int = Field(default=50051, ge=1, le=65535, description="pdserve.v1.GenerationService")
 
 
 class PrefillPorts(Closed):
-    grpc: int = Field(50071, ge=1, le=65535, description="pdserve.v1.PrefillWorker")
-    metrics: int = Field(9400, ge=1, le=65535)
+    grpc: int = Field(default=50071, ge=1, le=65535, description="pdserve.v1.PrefillWorker")
+    metrics: int = Field(default=9400, ge=1, le=65535)
 
 
 class DecodePorts(Closed):
-    grpc: int = Field(50061, ge=1, le=65535, description="pdserve.v1.DecodeWorker")
-    kv: int = Field(50062, ge=1, le=65535, description="KV pages in (TCP transport)")
-    metrics: int = Field(9400, ge=1, le=65535)
+    grpc: int = Field(default=50061, ge=1, le=65535, description="pdserve.v1.DecodeWorker")
+    kv: int = Field(default=50062, ge=1, le=65535, description="KV pages in (TCP transport)")
+    metrics: int = Field(default=9400, ge=1, le=65535)
 
 
 class RouterService(Closed):
@@ -101,7 +103,8 @@ class Router(PodSettings):
 class Worker(PodSettings):
     gpu: Gpu = Field(default_factory=Gpu)
     shm_size_limit: str = Field(
-        "", description="mount a memory-backed /dev/shm of this size (e.g. 8Gi); empty: none"
+        default="",
+        description="mount a memory-backed /dev/shm of this size (e.g. 8Gi); empty: none",
     )
     flags: PoolFlags = Field(  # type: ignore[valid-type]
         default_factory=PoolFlags, description="engine flags for this pool (over `engine`)"

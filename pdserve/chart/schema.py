@@ -105,7 +105,9 @@ def _cross_key_rules() -> list[dict[str, Any]]:
             "then": _at(["redis", "external", "url"], {"minLength": 1}),
         }
     )
-    rules.append(_when(["kvTransfer", "transport"], "ucx", _at(["image", "flavor"], {"const": "cuda"})))
+    rules.append(
+        _when(["kvTransfer", "transport"], "ucx", _at(["image", "flavor"], {"const": "cuda"}))
+    )
     return rules
 
 

@@ -26,39 +26,39 @@ LABEL_VALUE = r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61}[A-Za-z0-9]|[A-Za-z0-9])$"
 
 
 class Image(Closed):
-    repository: str = Field("pdserve", description="built from docker/Dockerfile.<flavor>")
-    tag: str = Field("", description="default: <appVersion>-<flavor>")
-    flavor: Literal["cpu", "cuda"] = Field("cpu", description="cpu (torch CPU) or cuda")
+    repository: str = Field(default="pdserve", description="built from docker/Dockerfile.<flavor>")
+    tag: str = Field(default="", description="default: <appVersion>-<flavor>")
+    flavor: Literal["cpu", "cuda"] = Field(default="cpu", description="cpu (torch CPU) or cuda")
     pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
     pull_secrets: list[str] = Field(default_factory=list, description="Secret names")
 
 
 class SecretKey(Closed):
-    name: str = Field("", description="an existing Secret (the chart never creates one)")
+    name: str = Field(default="", description="an existing Secret (the chart never creates one)")
     key: str = "token"
 
 
 class PvcSource(Closed):
-    claim_name: str = Field("", description="an existing claim, mounted read-only")
-    sub_path: str = Field("", description="the model folder inside the volume")
+    claim_name: str = Field(default="", description="an existing claim, mounted read-only")
+    sub_path: str = Field(default="", description="the model folder inside the volume")
 
 
 class ImageSource(Closed):
-    reference: str = Field("", description="an OCI image holding the model folder")
+    reference: str = Field(default="", description="an OCI image holding the model folder")
     pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
-    sub_path: str = Field("", description="the model folder inside the image")
+    sub_path: str = Field(default="", description="the model folder inside the image")
 
 
 class HfStorage(Closed):
     kind: Literal["emptyDir", "pvc"] = Field(
-        "emptyDir", description="emptyDir: each pod downloads; pvc: a shared claim"
+        default="emptyDir", description="emptyDir: each pod downloads; pvc: a shared claim"
     )
     claim_name: str = ""
-    size_limit: str = Field("", description="emptyDir size limit, e.g. 40Gi")
+    size_limit: str = Field(default="", description="emptyDir size limit, e.g. 40Gi")
 
 
 class HfSource(Closed):
-    repo: str = Field("", description="a Hugging Face model repo, e.g. Qwen/Qwen3-0.6B")
+    repo: str = Field(default="", description="a Hugging Face model repo, e.g. Qwen/Qwen3-0.6B")
     revision: str = "main"
     token_secret: SecretKey = Field(
         default_factory=SecretKey, description="HF_TOKEN for gated models"
@@ -68,18 +68,18 @@ class HfSource(Closed):
 
 class Model(Closed):
     source: Literal["demo", "path", "pvc", "image", "huggingface"] = Field(
-        "demo",
+        default="demo",
         description="demo: the built-in random demo model (no download); path: a folder in "
         "the image or in extraVolumes; pvc, image (Kubernetes 1.31+), huggingface (an init "
         "container downloads it)",
     )
     served_model_name: str = Field(
-        "",
+        default="",
         pattern=LABEL_VALUE + "|^$",
         description="the name clients send and the metrics' model label (default: the "
         "folder's or repo's last path segment; demo-llama-v1 for the demo)",
     )
-    path: str = Field("", description="source=path: the model folder's absolute path")
+    path: str = Field(default="", description="source=path: the model folder's absolute path")
     pvc: PvcSource = Field(default_factory=PvcSource)
     image: ImageSource = Field(default_factory=ImageSource)
     huggingface: HfSource = Field(default_factory=HfSource)
@@ -87,7 +87,7 @@ class Model(Closed):
 
 class ControlPlane(Closed):
     mode: Literal["static", "redis"] = Field(
-        "static",
+        default="static",
         description="static: the router gets the worker Services as --decode/--prefill "
         "(one worker per pool); redis: workers register in Redis and pools scale (PENDING: "
         "--redis-url, issue 14)",
@@ -101,35 +101,35 @@ class RedisImage(Closed):
 
 
 class RedisPersistence(Closed):
-    enabled: bool = Field(False, description="a PVC per Redis pod (else an emptyDir)")
+    enabled: bool = Field(default=False, description="a PVC per Redis pod (else an emptyDir)")
     size: str = "1Gi"
     storage_class_name: str = ""
 
 
 class RedisAuth(Closed):
-    existing_secret: str = Field("", description="Secret with the Redis password")
+    existing_secret: str = Field(default="", description="Secret with the Redis password")
     password_key: str = "password"
 
 
 class RedisTls(Closed):
     enabled: bool = False
     existing_secret: str = Field(
-        "", description="Secret with ca.crt (and tls.crt, tls.key for the in-chart server)"
+        default="", description="Secret with ca.crt (and tls.crt, tls.key for the in-chart server)"
     )
 
 
 class RedisExternal(Closed):
     url: str = Field(
-        "",
+        default="",
         pattern=r"^$|^rediss?://[^@/]+(/[0-9]+)?$",
         description="redis://host:port/db or rediss:// (no password: use auth)",
     )
 
 
 class Redis(Closed):
-    deploy: bool = Field(True, description="redis mode: run a one-pod Redis StatefulSet")
+    deploy: bool = Field(default=True, description="redis mode: run a one-pod Redis StatefulSet")
     image: RedisImage = Field(default_factory=RedisImage)
-    port: int = Field(6379, ge=1, le=65535)
+    port: int = Field(default=6379, ge=1, le=65535)
     resources: Open = Field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -146,22 +146,23 @@ class Redis(Closed):
 
 class KvTransfer(Closed):
     transport: Literal["tcp", "ucx"] = Field(
-        "tcp", description="ucx needs the cuda image; its NetworkPolicy opens release pods' ports"
+        default="tcp",
+        description="ucx needs the cuda image; its NetworkPolicy opens release pods' ports",
     )
 
 
 class Drain(Closed):
-    seconds: int = Field(30, ge=0, description="in-flight work's grace after SIGTERM")
+    seconds: int = Field(default=30, ge=0, description="in-flight work's grace after SIGTERM")
     pre_stop_sleep_seconds: int = Field(
-        5, ge=0, description="wait for endpoints to drop the pod before SIGTERM"
+        default=5, ge=0, description="wait for endpoints to drop the pod before SIGTERM"
     )
     worker_grace_flag: bool = Field(
-        False, description="PENDING (issue 12): pass --shutdown-grace-s to the workers"
+        default=False, description="PENDING (issue 12): pass --shutdown-grace-s to the workers"
     )
 
 
 class ApiKeys(Closed):
-    existing_secret: str = Field("", description="PENDING (issue 16): --api-key-file")
+    existing_secret: str = Field(default="", description="PENDING (issue 16): --api-key-file")
     key: str = "api-keys"
 
 
@@ -170,7 +171,7 @@ class Auth(Closed):
 
 
 class TlsSecret(Closed):
-    existing_secret: str = Field("", description="a kubernetes.io/tls Secret (+ ca.crt)")
+    existing_secret: str = Field(default="", description="a kubernetes.io/tls Secret (+ ca.crt)")
 
 
 class Tls(Closed):
@@ -185,12 +186,12 @@ class Tls(Closed):
 
 class ServiceAccount(Closed):
     create: bool = True
-    name: str = Field("", description="default: the release's full name")
+    name: str = Field(default="", description="default: the release's full name")
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
 class NetworkPolicy(Closed):
-    enabled: bool = Field(True, description="workers and Redis: only this release's pods")
+    enabled: bool = Field(default=True, description="workers and Redis: only this release's pods")
     router_from: list[Open] = Field(
         default_factory=list, description="peers allowed to the router (empty: anyone)"
     )
@@ -215,14 +216,17 @@ class Rule(Closed):
 
 class Dashboards(Closed):
     enabled: bool = False
-    namespace: str = Field("", description="where Grafana's sidecar looks (default: release)")
+    namespace: str = Field(
+        default="", description="where Grafana's sidecar looks (default: release)"
+    )
     labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
 class Prometheus(Closed):
     server_address: str = Field(
-        "http://prometheus-operated.monitoring.svc:9090", description="KEDA triggers query it"
+        default="http://prometheus-operated.monitoring.svc:9090",
+        description="KEDA triggers query it",
     )
 
 
@@ -255,7 +259,7 @@ def _container_security() -> dict[str, Any]:
 class Values(Closed):
     name_override: str = ""
     fullname_override: str = ""
-    cluster_domain: str = Field("cluster.local", description="for the Services' DNS names")
+    cluster_domain: str = Field(default="cluster.local", description="for the Services' DNS names")
     common_labels: dict[str, str] = Field(default_factory=dict)
     common_annotations: dict[str, str] = Field(default_factory=dict)
     image: Image = Field(default_factory=Image)

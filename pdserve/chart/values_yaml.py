@@ -3,10 +3,9 @@ reference table of docs/kubernetes.md, both from the values model."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 from typing import Any
-
-import textwrap
 
 import yaml
 from pydantic import BaseModel
@@ -66,9 +65,11 @@ def default_values() -> dict[str, Any]:
         for name, field in type(model).model_fields.items():
             value = getattr(model, name)
             if isinstance(value, BaseModel):
-                value = value.model_dump(by_alias=True, exclude_none=True) if _is_flags(
-                    type(value)
-                ) else dump(value)
+                value = (
+                    value.model_dump(by_alias=True, exclude_none=True)
+                    if _is_flags(type(value))
+                    else dump(value)
+                )
             out[field.alias or name] = value
         return out
 

@@ -52,9 +52,7 @@ def manifest_text(rendered: dict[str, str]) -> str:
 
 def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
     return [
-        doc
-        for doc in yaml.safe_load_all(manifest_text(rendered))
-        if isinstance(doc, dict) and doc
+        doc for doc in yaml.safe_load_all(manifest_text(rendered)) if isinstance(doc, dict) and doc
     ]
 
 

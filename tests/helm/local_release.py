@@ -86,11 +86,11 @@ class LocalRelease:
             role = w["metadata"]["labels"]["app.kubernetes.io/component"]
             if role not in roles:
                 continue
-            pod = _pod_spec(w)
-            assert not pod.get("initContainers"), "init containers are not run here"
-            (container,) = pod["containers"]
+            spec = _pod_spec(w)
+            assert not spec.get("initContainers"), "init containers are not run here"
+            (container,) = spec["containers"]
             name = f"{w['metadata']['name']}-0"
-            self.pods[role] = LocalPod(name, pod, container, self.root / name, self.cluster)
+            self.pods[role] = LocalPod(name, spec, container, self.root / name, self.cluster)
         for pod in self.pods.values():
             pod.start()
 

@@ -76,7 +76,9 @@ def run_probe(pod: LocalPod, kind: str) -> ProbeResult:
     return HANDLERS[handler](pod, probe[handler], float(probe.get("timeoutSeconds", 1)))
 
 
-def wait_probes(pods: dict[str, LocalPod], kind: str, poll_s: float = 0.25) -> dict[str, list[ProbeResult]]:
+def wait_probes(
+    pods: dict[str, LocalPod], kind: str, poll_s: float = 0.25
+) -> dict[str, list[ProbeResult]]:
     """Call every pod's ``kind`` probe until each succeeds, all pods side by side (the kubelet
     probes each pod on its own), within the budget the spec gives the kubelet
     (periodSeconds x failureThreshold; polled more often than the kubelet would).

@@ -69,7 +69,7 @@ class Sandbox:
 
     def command(self, argv: Sequence[str], env: dict[str, str]) -> list[str]:
         """``argv`` run in a fresh sandbox (the process keeps unshare's pid: no fork)."""
-        script = f"set -e\n{self._setup()}\nexec \"$@\""
+        script = f'set -e\n{self._setup()}\nexec "$@"'
         return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
                 script, "sandbox", *self._enter(env), *argv]  # fmt: skip
 

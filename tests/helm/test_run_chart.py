@@ -7,6 +7,8 @@ alone cannot: the ports, names, flags, env and probes fit together."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
-from tests.helm.chart import by_kind, example_values, objects, render
+from tests.helm.chart import REPO_ROOT, by_kind, example_values, objects, render
 from tests.helm.local_pod import LOOPBACK
 from tests.helm.local_release import LocalRelease, port_values
 from tests.helm.probes import run_probe, wait_probe
@@ -29,6 +31,7 @@ from tests.hf_oracle import hf_greedy
 pytestmark = pytest.mark.timeout(300)
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 N = 8  # tokens per request
+HEALTHCHECK = REPO_ROOT / "docker" / "healthcheck.py"
 
 
 def cpu_tiny(monitoring: bool = False) -> list[dict[str, Any]]:
@@ -135,6 +138,16 @@ def test_the_rendered_release_serves_through_its_declared_wiring(release: LocalR
             assert result.ok, (role, kind, result)
     health = httpx.get(f"{http_url}/health", timeout=10).json()
     assert health["status"] == "ok" and health["model"] == model
+    # The images' HEALTHCHECK script finds each process's gRPC health from its command line.
+    for role, pod in release.pods.items():
+        assert pod.process is not None
+        r = subprocess.run(
+            [sys.executable, str(HEALTHCHECK), "--pid", str(pod.process.pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0 and r.stdout.strip().endswith("SERVING"), (role, r.stderr)
 
     # Metrics, found as the ServiceMonitors find them; every autoscaling metric of every
     # pool's choices (HPA and KEDA) is a series these processes really export.

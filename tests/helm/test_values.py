@@ -42,30 +42,61 @@ def test_schema_is_draft_07_and_closed_where_pdserve_owns_the_keys() -> None:
 # (values, the message Helm prints: the schema's, naming the path)
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("typo", {"decode": {"replicsa": 2}}, "at '/decode': additional properties 'replicsa'"),
-    ("wrong type", {"decode": {"replicas": "two"}}, "at '/decode/replicas': got string, want integer"),
+    (
+        "wrong type",
+        {"decode": {"replicas": "two"}},
+        "at '/decode/replicas': got string, want integer",
+    ),
     (
         "hpa and keda",
-        {"controlPlane": {"mode": "redis"}, "decode": {"autoscaling": {"hpa": {"enabled": True}, "keda": {"enabled": True}}}},
+        {
+            "controlPlane": {"mode": "redis"},
+            "decode": {"autoscaling": {"hpa": {"enabled": True}, "keda": {"enabled": True}}},
+        },
         "at '/decode/autoscaling/keda/enabled': value must be false",
     ),
     ("flag typo", {"engine": {"maxNumSeq": 4}}, "at '/engine': additional properties 'maxNumSeq'"),
     ("flag type", {"prefill": {"flags": {"maxNumSeqs": 1.5}}}, "at '/prefill/flags/maxNumSeqs'"),
     ("flag choice", {"engine": {"preemptionMode": "swapp"}}, "at '/engine/preemptionMode'"),
-    ("shared flag per pool", {"decode": {"flags": {"blockSize": 32}}}, "additional properties 'blockSize'"),
-    ("static mode scaled", {"decode": {"replicas": 3}}, "at '/decode/replicas': maximum: got 3, want 1"),
+    (
+        "shared flag per pool",
+        {"decode": {"flags": {"blockSize": 32}}},
+        "additional properties 'blockSize'",
+    ),
+    (
+        "static mode scaled",
+        {"decode": {"replicas": 3}},
+        "at '/decode/replicas': maximum: got 3, want 1",
+    ),
     ("pvc without claim", {"model": {"source": "pvc"}}, "at '/model/pvc/claimName'"),
     ("relative path", {"model": {"source": "path", "path": "models/x"}}, "at '/model/path'"),
-    ("both monitors", {"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}, "at '/monitoring/podMonitor/enabled': value must be false"),
+    (
+        "both monitors",
+        {"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+        "at '/monitoring/podMonitor/enabled': value must be false",
+    ),
     ("ucx on cpu", {"kvTransfer": {"transport": "ucx"}}, "at '/image/flavor'"),
-    ("external redis no url", {"controlPlane": {"mode": "redis"}, "redis": {"deploy": False}}, "at '/redis/external/url'"),
-    ("password in url", {"redis": {"external": {"url": "redis://:secret@r:6379/0"}}}, "at '/redis/external/url'"),
+    (
+        "external redis no url",
+        {"controlPlane": {"mode": "redis"}, "redis": {"deploy": False}},
+        "at '/redis/external/url'",
+    ),
+    (
+        "password in url",
+        {"redis": {"external": {"url": "redis://:secret@r:6379/0"}}},
+        "at '/redis/external/url'",
+    ),
     ("model name", {"model": {"servedModelName": "Qwen/Qwen3-8B"}}, "at '/model/servedModelName'"),
     ("port range", {"router": {"ports": {"http": 70000}}}, "at '/router/ports/http': maximum"),
 ]
 
 
-@pytest.mark.parametrize(("values", "message"), [b[1:] for b in BAD_VALUES], ids=[b[0] for b in BAD_VALUES])
-def test_bad_values_are_refused_with_the_schema_message(values: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    ("values", "message"), [b[1:] for b in BAD_VALUES], ids=[b[0] for b in BAD_VALUES]
+)
+def test_bad_values_are_refused_with_the_schema_message(
+    values: dict[str, Any], message: str
+) -> None:
     with pytest.raises(helm.HelmValuesError) as refused:
         render(values)
     assert message in str(refused.value)
@@ -119,7 +150,9 @@ def test_pool_flags_override_engine_flags() -> None:
 
 def test_every_router_flag_value_reaches_the_router_as_that_flag() -> None:
     flags = {f.key: _sample(f) for f in router_flags()}
-    ns = _args_of("router", {"router": {"flags": flags}, "engine": {"blockSize": 32, "maxModelLen": 256}})
+    ns = _args_of(
+        "router", {"router": {"flags": flags}, "engine": {"blockSize": 32, "maxModelLen": 256}}
+    )
     for f in router_flags():
         assert getattr(ns, _dest(f.flag)) == flags[f.key], f.flag
     assert (ns.block_size, ns.max_model_len) == (32, 256)  # shared with the workers

@@ -139,10 +139,13 @@ def test_drain_fits_the_grace_period(example: str) -> None:
     for c in containers(_objs(example)):
         if c.init or c.role == "redis":
             continue
-        assert c.pod["terminationGracePeriodSeconds"] >= drain["seconds"] + drain[
-            "preStopSleepSeconds"
-        ]
-        assert c.spec["lifecycle"]["preStop"] == {"sleep": {"seconds": drain["preStopSleepSeconds"]}}
+        assert (
+            c.pod["terminationGracePeriodSeconds"]
+            >= drain["seconds"] + drain["preStopSleepSeconds"]
+        )
+        assert c.spec["lifecycle"]["preStop"] == {
+            "sleep": {"seconds": drain["preStopSleepSeconds"]}
+        }
         # The kubelet stops liveness probes once a pod is deleted, so a drain is never
         # cut short by them; the grace period is what must cover preStop + drain.
         if c.role == "router":

@@ -1,4 +1,4 @@
-"""The dashboards and rule files under helm/pdserve/ (the chart), as the queries Prometheus must answer."""
+"""The chart's dashboards and rule files (helm/pdserve/), as the queries Prometheus answers."""
 
 from __future__ import annotations
 
