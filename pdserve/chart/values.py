@@ -257,11 +257,15 @@ def _container_security() -> dict[str, Any]:
 
 
 class Values(Closed):
-    name_override: str = ""
-    fullname_override: str = ""
+    name_override: str = Field(default="", description="replaces the chart name in object names")
+    fullname_override: str = Field(default="", description="the objects' name prefix")
     cluster_domain: str = Field(default="cluster.local", description="for the Services' DNS names")
-    common_labels: dict[str, str] = Field(default_factory=dict)
-    common_annotations: dict[str, str] = Field(default_factory=dict)
+    common_labels: dict[str, str] = Field(
+        default_factory=dict, description="added to every object's labels"
+    )
+    common_annotations: dict[str, str] = Field(
+        default_factory=dict, description="added to every object's annotations"
+    )
     image: Image = Field(default_factory=Image)
     model: Model = Field(default_factory=Model)
     engine: EngineFlags = Field(  # type: ignore[valid-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -80,30 +80,44 @@ def render_values_yaml() -> str:
     return HEADER + "\n".join(_lines(Values(), 0)) + "\n"
 
 
-def _rows(model: type[BaseModel], prefix: str, defaults: Any) -> Iterator[tuple[str, str, str]]:
+def _kind(annotation: Any) -> str:
+    """A values type as the reference shows it: string, integer, one of a | b, ..."""
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if args and type(None) in args:
+        return " or ".join(_kind(a) for a in args if a is not type(None)) + " or null"
+    if get_origin(annotation) in (dict, list):
+        return "map" if get_origin(annotation) is dict else "list"
+    if args:
+        return " or ".join(_kind(a) for a in args)
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _rows(model: type[BaseModel], prefix: str, defaults: Any) -> Iterator[tuple[str, ...]]:
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
         default = getattr(defaults, name)
-        annotation = field.annotation
+        what = (field.description or "").replace("|", "\\|")
         if isinstance(default, BaseModel) and not _is_flags(type(default)):
             if field.description:
-                yield key, "object", field.description
+                yield key, "object", "", what
             yield from _rows(type(default), key + ".", default)
             continue
         if isinstance(default, BaseModel):
             set_flags = default.model_dump(by_alias=True, exclude_none=True)
-            shown = f"`{_scalar(set_flags)}`" if set_flags else "`{}`"
             flags = ", ".join(f"`{k}`" for k in type(default).model_fields)
-            yield key, shown, f"{field.description}. Keys: {flags}"
+            shown = f"`{_scalar(set_flags)}`"
+            yield key, "flags", shown, f"{what}. Keys: {flags}"
             continue
-        kind = getattr(annotation, "__name__", str(annotation))
-        shown = f"`{_scalar(default)}`" if default not in ("", None) else f"({kind})"
-        yield key, shown.replace("|", "\\|"), (field.description or "").replace("|", "\\|")
+        shown = "unset" if default is None else f"`{_scalar(default)}`"
+        yield key, _kind(field.annotation), shown.replace("|", "\\|"), what
 
 
 def render_reference() -> str:
-    """A markdown table: every values key, its default and what it does."""
-    out = ["| key | default | what |", "|---|---|---|"]
-    for key, default, what in _rows(Values, "", Values()):
-        out.append(f"| `{key}` | {default} | {what} |")
+    """A markdown table: every values key, its type, default and what it does."""
+    out = ["| key | type | default | what |", "|---|---|---|---|"]
+    for key, kind, default, what in _rows(Values, "", Values()):
+        out.append(f"| `{key}` | {kind} | {default} | {what} |")
     return "\n".join(out) + "\n"
