@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -14,7 +15,7 @@ import yaml
 from pdserve.chart.__main__ import main as chart_main
 from pdserve.chart.flags import CHART_OWNED, Flag, engine_flags, pool_flags, router_flags
 from pdserve.chart.values_yaml import default_values
-from tests.helm.chart import CHART, containers, objects, render
+from tests.helm.chart import CHART, containers, lint, objects, render
 from tests.helm.cli_args import parse_pdserve_args
 
 
@@ -39,67 +40,27 @@ def test_schema_is_draft_07_and_closed_where_pdserve_owns_the_keys() -> None:
     assert router["podLabels"]["additionalProperties"] == {"type": "string"}
 
 
-# (values, the message Helm prints: the schema's, naming the path)
-BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
-    ("typo", {"decode": {"replicsa": 2}}, "at '/decode': additional properties 'replicsa'"),
-    (
-        "wrong type",
-        {"decode": {"replicas": "two"}},
-        "at '/decode/replicas': got string, want integer",
-    ),
-    (
-        "hpa and keda",
-        {
-            "controlPlane": {"mode": "redis"},
-            "decode": {"autoscaling": {"hpa": {"enabled": True}, "keda": {"enabled": True}}},
-        },
-        "at '/decode/autoscaling/keda/enabled': value must be false",
-    ),
-    ("flag typo", {"engine": {"maxNumSeq": 4}}, "at '/engine': additional properties 'maxNumSeq'"),
-    ("flag type", {"prefill": {"flags": {"maxNumSeqs": 1.5}}}, "at '/prefill/flags/maxNumSeqs'"),
-    ("flag choice", {"engine": {"preemptionMode": "swapp"}}, "at '/engine/preemptionMode'"),
-    (
-        "shared flag per pool",
-        {"decode": {"flags": {"blockSize": 32}}},
-        "additional properties 'blockSize'",
-    ),
-    (
-        "static mode scaled",
-        {"decode": {"replicas": 3}},
-        "at '/decode/replicas': maximum: got 3, want 1",
-    ),
-    ("pvc without claim", {"model": {"source": "pvc"}}, "at '/model/pvc/claimName'"),
-    ("relative path", {"model": {"source": "path", "path": "models/x"}}, "at '/model/path'"),
-    (
-        "both monitors",
-        {"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
-        "at '/monitoring/podMonitor/enabled': value must be false",
-    ),
-    ("ucx on cpu", {"kvTransfer": {"transport": "ucx"}}, "at '/image/flavor'"),
-    (
-        "external redis no url",
-        {"controlPlane": {"mode": "redis"}, "redis": {"deploy": False}},
-        "at '/redis/external/url'",
-    ),
-    (
-        "password in url",
-        {"redis": {"external": {"url": "redis://:secret@r:6379/0"}}},
-        "at '/redis/external/url'",
-    ),
-    ("model name", {"model": {"servedModelName": "Qwen/Qwen3-8B"}}, "at '/model/servedModelName'"),
-    ("port range", {"router": {"ports": {"http": 70000}}}, "at '/router/ports/http': maximum"),
-]
+BAD_VALUES = sorted((Path(__file__).parent / "bad_values").glob("*.yaml"))
 
 
-@pytest.mark.parametrize(
-    ("values", "message"), [b[1:] for b in BAD_VALUES], ids=[b[0] for b in BAD_VALUES]
-)
-def test_bad_values_are_refused_with_the_schema_message(
-    values: dict[str, Any], message: str
-) -> None:
+def _expected(path: Path) -> str:
+    """The message a bad values file names in its ``# expect:`` line (the schema's)."""
+    (line,) = [x for x in path.read_text().splitlines() if x.startswith("# expect: ")]
+    return line.removeprefix("# expect: ")
+
+
+@pytest.mark.parametrize("path", BAD_VALUES, ids=lambda p: p.stem)
+def test_bad_values_files_are_refused_with_the_schema_message(path: Path) -> None:
+    values = yaml.safe_load(path.read_text())
     with pytest.raises(helm.HelmValuesError) as refused:
         render(values)
-    assert message in str(refused.value)
+    assert _expected(path) in str(refused.value)
+    report = lint(values)  # `helm lint --strict -f <file>` says the same
+    assert any(_expected(path) in e for e in report["errors"]), report
+
+
+def test_there_are_bad_values_files_for_the_cases_the_chart_promises() -> None:
+    assert {"typo", "wrong-type", "hpa-and-keda"} <= {p.stem for p in BAD_VALUES}
 
 
 def test_cpu_autoscaling_needs_a_cpu_request() -> None:
