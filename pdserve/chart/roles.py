@@ -87,6 +87,12 @@ class DecodePorts(Closed):
 
 class RouterService(Closed):
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    metrics_port: int = Field(
+        default=9400,
+        ge=1,
+        le=65535,
+        description="the Service's metrics port (the router serves /metrics on its HTTP port)",
+    )
     annotations: dict[str, str] = Field(default_factory=dict)
     load_balancer_source_ranges: list[str] = Field(default_factory=list)
 

@@ -154,9 +154,16 @@ def test_the_rendered_release_serves_through_its_declared_wiring(release: LocalR
     exported: set[str] = set()
     for sm in by_kind(release.objs, "ServiceMonitor"):
         role = sm["metadata"]["labels"]["app.kubernetes.io/component"]
-        pod = release.pods[role]
+        (svc,) = [
+            s
+            for s in by_kind(release.objs, "Service")
+            if s["metadata"]["name"] == sm["metadata"]["name"]
+        ]
         for endpoint in sm["spec"]["endpoints"]:
-            exported |= _scrape(f"http://{LOOPBACK}:{pod.ports[endpoint['port']]}/metrics")
+            # the Service port the endpoint names, and the pod port it targets
+            (port,) = [p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]]
+            local = release.pods[role].ports[port["targetPort"]]
+            exported |= _scrape(f"http://{LOOPBACK}:{local}{endpoint['path']}")
     raw = {n for n in all_scaling_metric_names() if ":" not in n}
     assert raw and raw <= exported, raw - exported
 

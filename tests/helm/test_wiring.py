@@ -62,7 +62,10 @@ def test_service_ports_are_container_ports(example: str) -> None:
         ports = _container_ports(target)
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in ports, (svc["metadata"]["name"], p)
-            assert p["port"] == ports[p["targetPort"]]  # same number inside and out
+            if p["name"] == p["targetPort"]:
+                assert p["port"] == ports[p["targetPort"]]  # same number inside and out
+            else:  # the router's metrics alias of its HTTP port
+                assert (p["name"], p["targetPort"]) == ("metrics", "http")
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
