@@ -19,6 +19,7 @@ from tests.helm.chart import (
     lint,
     manifest_text,
     objects,
+    render,
     render_example,
 )
 
@@ -114,3 +115,19 @@ def test_no_empty_blocks_render_as_null(example: str) -> None:
     for obj in objects(render_example(example)):
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert not _nulls(obj, where)
+
+
+def test_defaults_lint_and_render_valid_kubernetes() -> None:
+    """`helm install` with no values at all: the demo model, one pod per role."""
+    report = lint({})
+    assert not report["errors"] and all(m["severity"] < 2 for m in report["messages"]), report
+    objs = objects(render({}))
+    for obj in objs:
+        for version in KUBE_VERSIONS:
+            _validate(obj, version)
+    assert sorted({o["kind"] for o in objs}) == [
+        "Deployment",
+        "NetworkPolicy",
+        "Service",
+        "ServiceAccount",
+    ]
