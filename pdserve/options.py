@@ -61,7 +61,9 @@ def add_config_args(
             if f.default is True:
                 if not flag.startswith("--no-"):
                     raise TypeError(f"{cls.__name__}.{f.name}: a True default needs a --no- flag")
-                target.add_argument(flag, dest=f.name, action="store_false", help=help_text)
+                target.add_argument(
+                    flag, dest=f.name, action="store_false", help=f"turn off: {help_text}"
+                )
             else:
                 target.add_argument(flag, dest=f.name, action="store_true", help=help_text)
             continue
@@ -71,7 +73,7 @@ def add_config_args(
             type=tp,
             default=f.default,
             choices=choices,
-            help=f"{help_text} (default: {f.default})" if help_text else None,
+            help=help_text or None,
         )
 
 

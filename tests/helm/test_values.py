@@ -126,11 +126,11 @@ def test_chart_owned_flags_are_not_values() -> None:
 
 def test_default_workers_run_as_pdserve_serve_runs_them() -> None:
     """The chart's defaults give each worker the engine options `pdserve serve` gives it."""
-    from pdserve.cli import build_parser, engine_options
-    from pdserve.launch import engine_argv
+    from pdserve.cli import build_parser
+    from pdserve.options import config_to_argv, engine_config_from_args
 
     serve = build_parser().parse_args(["serve"])
-    common = engine_argv(serve)
+    common = config_to_argv(engine_config_from_args(serve), exclude=("model",))
     serve_argv = {
         "decode": ["decode", *common],
         "prefill": [
@@ -141,5 +141,5 @@ def test_default_workers_run_as_pdserve_serve_runs_them() -> None:
         ],
     }
     for role, argv in serve_argv.items():
-        expected = engine_options(parse_pdserve_args(argv).namespace)
-        assert engine_options(_args_of(role, {})) == expected, role
+        expected = engine_config_from_args(parse_pdserve_args(argv).namespace)
+        assert engine_config_from_args(_args_of(role, {})) == expected, role
