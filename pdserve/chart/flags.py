@@ -46,6 +46,8 @@ class Flag:
     choices: tuple[str, ...] | None
     default: Any  # the CLI's default (None: unset)
     help: str
+    dest: str = ""  # the parsed attribute (argparse's dest)
+    inverted: bool = False  # a "--no-x" switch: passing it sets dest to False
 
     def python_type(self) -> Any:
         base: Any = {"boolean": bool, "integer": int, "number": float, "string": str}[self.kind]
@@ -84,7 +86,13 @@ def flags_of(parser: argparse.ArgumentParser, exclude: frozenset[str] = frozense
         default = None if action.default is argparse.SUPPRESS else action.default
         if isinstance(action, argparse._StoreFalseAction):
             default = False  # "--no-x": the switch is off unless passed
-        out.append(Flag(flag, key_of(flag), _kind(action), choices, default, action.help or ""))
+        inverted = isinstance(action, argparse._StoreFalseAction)
+        out.append(
+            Flag(
+                flag, key_of(flag), _kind(action), choices, default, action.help or "",
+                dest=action.dest, inverted=inverted,
+            )
+        )
     return out
 
 

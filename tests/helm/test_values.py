@@ -96,7 +96,8 @@ def test_every_engine_flag_value_reaches_the_workers_as_that_flag() -> None:
         # null drops the chart default for prefill (Helm deletes a key set to null)
         ns = _args_of(role, {"engine": engine, "prefill": {"flags": {"maxNumBatchedTokens": None}}})
         for f in engine_flags():
-            assert getattr(ns, _dest(f.flag)) == engine[f.key], f.flag
+            parsed = not engine[f.key] if f.inverted else engine[f.key]
+            assert getattr(ns, f.dest) == parsed, f.flag
 
 
 def test_pool_flags_override_engine_flags() -> None:
