@@ -49,8 +49,9 @@ def main() -> int:
 
     model = a.model or str(demo_model_path())
     ports = {"decode": _free_port(), "prefill": _free_port()}
+    extra = {"decode": ["--kv-transport", "tcp"], "prefill": []}
     procs = [
-        start_worker(role, model, port, ["--kv-transport", "tcp", "--metrics-port", "-1"], None)
+        start_worker(role, model, port, [*extra[role], "--metrics-port", "-1"], None)
         for role, port in ports.items()
     ]
     try:
