@@ -6,6 +6,7 @@ services can map it to INVALID_ARGUMENT / HTTP 400 and the caller knows what to 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -95,5 +96,5 @@ def _check_int(name: str, value: object) -> None:
 def _check_number(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if value != value:  # NaN
-        raise ValueError(f"{name} must be a number, got NaN")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")

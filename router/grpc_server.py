@@ -20,6 +20,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
 _STATUS = {
     ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -79,7 +80,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 raise invalid_argument(e) from None
             kind = request.WhichOneof("prompt")
             prompt = request.text if kind == "text" else list(request.token_ids.ids)
-            greq = router.prepare(
+            greq = await router.prepare(
                 params,
                 prompt=prompt if kind is not None else None,
                 priority=request.priority,
@@ -101,15 +102,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
+        router = self.router
         try:
             if (bad := _undecodable(request)) is not None:
                 raise bad
-            self.router.check_model(request.model)
+            router.check_model(request.model)
+            router.check_text_length(len(request.text), "text")
         except RequestError as e:
             await _abort(context, e)
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        backend = self.router.backend
-        ids = backend.tokenize(request.text, add_special_tokens=add_special)
+        backend = router.backend
+        text = request.text
+        ids = await router.run_tokenizer(lambda: backend.tokenize(text, add_special))
         return pb.TokenizeResponse(token_ids=ids, tokens=backend.token_strings(ids))
 
     async def GetModelInfo(

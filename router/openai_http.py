@@ -23,8 +23,10 @@ from engine.outputs import RequestOutput
 from router.admission import Slot
 from router.backend import GenerateRequest
 from router.errors import ErrorKind, RequestError, invalid_argument
+from router.json_body import parse_json_object
 from router.openai_format import ChatFormatter, CompletionFormatter, Formatter
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
+from router.openapi_doc import Operation, install_openapi
 from router.service import Router
 from router.sse import SSEResponse, wait_for_disconnect
 
@@ -32,6 +34,7 @@ M = TypeVar("M", bound=BaseModel)
 
 _HTTP_STATUS = {
     ErrorKind.INVALID: 400,
+    ErrorKind.TOO_LARGE: 413,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.BUSY: 429,
     ErrorKind.TIMEOUT: 504,
@@ -53,20 +56,38 @@ def error_response(e: RequestError) -> JSONResponse:
     return JSONResponse(error_body(e), status_code=_HTTP_STATUS[e.kind], headers=headers)
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(
-            ErrorKind.INVALID, f"the body is not valid UTF-8 (byte {e.start})"
-        ) from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RequestError(ErrorKind.INVALID, f"malformed JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise RequestError(ErrorKind.INVALID, "the body must be a JSON object")
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refused with 413 past ``max_bytes`` (before reading it all when the
+    client declares its length)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(int(declared), max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(size, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, max_bytes: int) -> RequestError:
+    return RequestError(
+        ErrorKind.TOO_LARGE,
+        f"the request body is {size}+ bytes; this server reads at most {max_bytes}",
+    )
+
+
+_PARSE_INLINE_BYTES = 64 << 10  # larger bodies are parsed on a worker thread
+
+
+async def parse_body(request: Request, model: type[M], router: Router) -> M:
+    raw = await read_body(request, router.limits.max_body_bytes)
+    depth = router.limits.max_json_depth
+    if len(raw) <= _PARSE_INLINE_BYTES:
+        obj = parse_json_object(raw, depth)
+    else:
+        obj = await asyncio.to_thread(parse_json_object, raw, depth)
     try:
         return model.model_validate(obj)
     except ValidationError as e:
@@ -118,14 +139,16 @@ def build_app(router: Router) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         try:
-            body = await parse_body(request, CompletionRequest)
+            body = await parse_body(request, CompletionRequest, router)
             router.check_model(body.model)
             try:
                 params = body.sampling_params()
                 prompt = body.single_prompt()
             except ValueError as e:
                 raise invalid_argument(e) from None
-            greq = router.prepare(params, prompt=prompt, priority=body.priority, id_prefix="cmpl")
+            greq = await router.prepare(
+                params, prompt=prompt, priority=body.priority, id_prefix="cmpl"
+            )
             slot = router.admit()
         except RequestError as e:
             router.metrics.rejected(e)
@@ -136,14 +159,14 @@ def build_app(router: Router) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         try:
-            body = await parse_body(request, ChatCompletionRequest)
+            body = await parse_body(request, ChatCompletionRequest, router)
             router.check_model(body.model)
             try:
                 params = body.sampling_params()
             except ValueError as e:
                 raise invalid_argument(e) from None
             messages = [m.as_template_input() for m in body.messages]
-            greq = router.prepare(
+            greq = await router.prepare(
                 params, messages=messages, priority=body.priority, id_prefix="chatcmpl"
             )
             slot = router.admit()
@@ -153,6 +176,13 @@ def build_app(router: Router) -> FastAPI:
         fmt = ChatFormatter(greq.request_id, router.model_name, backend.token_strings)
         return await _respond(request, router, greq, body.timeout, fmt, slot, body)
 
+    install_openapi(
+        app,
+        {
+            "/v1/completions": Operation("post", CompletionRequest),
+            "/v1/chat/completions": Operation("post", ChatCompletionRequest),
+        },
+    )
     return app
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.sampling_params import SamplingParams
 
@@ -107,6 +107,14 @@ class ChatMessage(_Strict):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None:
+            raise ValueError(
+                f"content: a {self.role} message needs content (a string or text parts)"
+            )
+        return self
+
     def as_template_input(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
@@ -119,7 +127,7 @@ class ChatCompletionRequest(_Common):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     def sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens

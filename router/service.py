@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -25,24 +26,55 @@ from router.admission import Admission, AdmissionRejected, Slot
 from router.backend import Backend, GenerateRequest
 from router.errors import ErrorKind, RequestError, invalid_argument, unknown_model
 from router.metrics import RouterMetrics
+from router.request_limits import RequestLimits
+
+T = TypeVar("T")
 
 
 class Router:
     def __init__(
-        self, backend: Backend, admission: Admission, metrics: RouterMetrics | None = None
+        self,
+        backend: Backend,
+        admission: Admission,
+        metrics: RouterMetrics | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.backend = backend
         self.admission = admission
-        self.model_name = backend.model_info().model
+        info = backend.model_info()
+        self.model_name = info.model
         self.metrics = metrics or RouterMetrics("router", self.model_name)
         self.metrics.watch(admission, backend)
+        # Tokenizer work runs here, off the event loop, so a long prompt or chat template
+        # never stalls other requests' streams (the tokenizer releases the GIL while it
+        # encodes). One thread: a tokenizer object is not made for concurrent calls.
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="pdserve-tokenize")
+        self.limits = limits or RequestLimits.for_model(
+            info.max_model_len, _longest_token_chars(backend, info.vocab_size)
+        )
+
+    async def run_tokenizer(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn)
+
+    def check_text_length(self, text_chars: int, field: str) -> None:
+        """Refuse, before tokenizing it, a text too long to fit the model in any tokenization."""
+        if text_chars > self.limits.max_prompt_chars:
+            info = self.backend.model_info()
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"{field} is {text_chars} characters; no text longer than "
+                f"{self.limits.max_prompt_chars} characters fits in max_model_len "
+                f"({info.max_model_len}) tokens",
+                field,
+            )
 
     def check_model(self, requested: str | None) -> None:
         """An empty or missing model name means the served one."""
         if requested and requested != self.model_name:
             raise unknown_model(requested, self.model_name)
 
-    def prepare(
+    async def prepare(
         self,
         params: SamplingParams,
         prompt: str | Sequence[int] | None = None,
@@ -55,18 +87,25 @@ class Router:
 
         Raises RequestError(INVALID) naming the field. Tokenizing here (not in the engine)
         lets the router route by prompt blocks and refuse an oversize prompt before any
-        response is started.
+        response is started. Text is length-checked first and tokenized on the tokenizer
+        thread.
         """
         arrival_time = time.monotonic()
         field = "messages" if messages is not None else "prompt"
         info = self.backend.model_info()
+        self.check_params(params)
         try:
             if messages is not None:
-                ids = self.backend.render_chat(messages)
+                self.check_text_length(_chat_chars(messages), "messages")
+                ids = await self.run_tokenizer(lambda: self.backend.render_chat(messages))
             elif isinstance(prompt, str):
-                ids = self.backend.tokenize(prompt)
+                self.check_text_length(len(prompt), "prompt")
+                text = prompt
+                ids = await self.run_tokenizer(lambda: self.backend.tokenize(text))
             elif prompt is not None:
                 ids = list(prompt)
+                if len(ids) >= info.max_model_len:
+                    raise _too_long(field, len(ids), info.max_model_len)
                 for t in ids:
                     if (
                         isinstance(t, bool)
@@ -82,12 +121,17 @@ class Router:
             if not ids:
                 raise ValueError(f"{field} must not be empty")
             if len(ids) >= info.max_model_len:
-                raise ValueError(
-                    f"{field} is {len(ids)} tokens; it must be shorter than the model's "
-                    f"max_model_len ({info.max_model_len}) to leave room for output"
-                )
+                raise _too_long(field, len(ids), info.max_model_len)
         except ValueError as e:
             raise invalid_argument(e, field) from None
+        if params.max_tokens is not None and len(ids) + params.max_tokens > info.max_model_len:
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"max_tokens is {params.max_tokens}, but the {field} is {len(ids)} tokens and "
+                f"the model's max_model_len is {info.max_model_len}: at most "
+                f"{info.max_model_len - len(ids)} tokens can be generated",
+                "max_tokens",
+            )
         return GenerateRequest(
             request_id=request_id or f"{id_prefix}-{uuid.uuid4().hex}",
             sampling_params=params,
@@ -95,6 +139,28 @@ class Router:
             priority=priority,
             arrival_time=arrival_time,
         )
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The bounds sampling parameters must keep beyond their own validation: the
+        vocabulary and the router's request limits. Raises RequestError(INVALID)."""
+        lim = self.limits
+        vocab = self.backend.model_info().vocab_size
+
+        def bad(param: str, message: str) -> RequestError:
+            return RequestError(ErrorKind.INVALID, f"{param}: {message}", param)
+
+        if len(params.stop) > lim.max_stop_strings:
+            raise bad(
+                "stop", f"at most {lim.max_stop_strings} stop strings, got {len(params.stop)}"
+            )
+        for s in params.stop:
+            if len(s) > lim.max_stop_chars:
+                raise bad("stop", f"a stop string may be at most {lim.max_stop_chars} characters")
+        if len(params.stop_token_ids) > lim.max_stop_token_ids:
+            raise bad("stop_token_ids", f"at most {lim.max_stop_token_ids} ids")
+        for t in params.stop_token_ids:
+            if t >= vocab:
+                raise bad("stop_token_ids", f"token ids must be in [0, {vocab}), got {t}")
 
     def admit(self) -> Slot:
         try:
@@ -149,3 +215,27 @@ class Router:
         finally:
             record.close()
             await outputs.aclose()  # aborts the request unless it finished
+
+
+def _too_long(field: str, num_tokens: int, max_model_len: int) -> ValueError:
+    return ValueError(
+        f"{field} is {num_tokens} tokens; it must be shorter than the model's "
+        f"max_model_len ({max_model_len}) to leave room for output"
+    )
+
+
+def _chat_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of every message's text: the rendered prompt holds at least these."""
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+    return total
+
+
+def _longest_token_chars(backend: Backend, vocab_size: int) -> int:
+    """Characters of the longest token's text, plus one: a token may stand for a space its
+    text alone leaves out (sentencepiece's leading "▁")."""
+    strings = backend.token_strings(range(vocab_size))
+    return max((len(s) for s in strings), default=1) + 1

@@ -17,7 +17,7 @@ class TokenizerOps:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
-        return [self.tokenizer.decode([t]) for t in token_ids]
+        return list(self.tokenizer.batch_decode([[t] for t in token_ids]))
 
     def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt ids from the tokenizer's chat template, generation prompt appended."""

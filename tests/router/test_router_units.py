@@ -62,7 +62,9 @@ def test_request_bodies_map_to_sampling_params() -> None:
     assert chat.sampling_params().max_tokens == 4 and chat.sampling_params().logprobs == 3
     assert chat.sampling_params().temperature == 1.0  # OpenAI's default, not greedy
     assert chat.messages[0].as_template_input() == {"role": "user", "content": "a"}
-    assert ChatCompletionRequest.model_validate({"messages": [{"role": "user"}]}).sampling_params()
+    for missing in ({"role": "user"}, {"role": "system", "content": None}):
+        with pytest.raises(ValueError, match="content"):  # issue 12 defect 8
+            ChatCompletionRequest.model_validate({"messages": [missing]})
     with pytest.raises(ValueError, match=r"^top_logprobs"):
         ChatCompletionRequest.model_validate(
             {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}
@@ -190,10 +192,10 @@ def test_router_flow_over_a_fake_backend() -> None:
     router = Router(checked, Admission(4))
 
     with pytest.raises(RequestError) as info:
-        router.prepare(SamplingParams(), prompt="x" * 64)
+        asyncio.run(router.prepare(SamplingParams(), prompt="x" * 64))
     assert info.value.param == "prompt" and "max_model_len" in info.value.message
     with pytest.raises(RequestError) as info:
-        router.prepare(SamplingParams(), messages=[{"role": "user", "content": ""}])
+        asyncio.run(router.prepare(SamplingParams(), messages=[{"role": "user", "content": ""}]))
     assert info.value.param == "messages"
     with pytest.raises(RequestError) as info:
         router.check_model("other")
@@ -202,23 +204,23 @@ def test_router_flow_over_a_fake_backend() -> None:
     router.check_model("fake")
 
     async def main() -> None:
-        req = router.prepare(SamplingParams(max_tokens=3), prompt="abc", request_id="ok")
+        req = await router.prepare(SamplingParams(max_tokens=3), prompt="abc", request_id="ok")
         outs = [o async for o in router.stream(req, router.deadline(10))]
         assert [o.new_token_ids for o in outs] == [[0], [1], [2]] and outs[-1].finished
 
-        slow = router.prepare(SamplingParams(max_tokens=1000), prompt="abc", request_id="slow")
+        slow = await router.prepare(SamplingParams(max_tokens=60), prompt="abc", request_id="slow")
         with pytest.raises(RequestError) as timeout:
             async for _ in router.stream(slow, router.deadline(0.05)):
                 pass
         assert timeout.value.kind is ErrorKind.TIMEOUT
 
-        bad = router.prepare(SamplingParams(seed=666), prompt="abc", request_id="bad")
+        bad = await router.prepare(SamplingParams(seed=666), prompt="abc", request_id="bad")
         with pytest.raises(RequestError) as invalid:
             async for _ in router.stream(bad, None):
                 pass
         assert invalid.value.kind is ErrorKind.INVALID and invalid.value.param == "seed"
 
-        gone = router.prepare(SamplingParams(max_tokens=1000), prompt="abc", request_id="gone")
+        gone = await router.prepare(SamplingParams(max_tokens=60), prompt="abc", request_id="gone")
 
         async def consume() -> None:
             async for _ in router.stream(gone, None):
