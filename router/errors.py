@@ -27,6 +27,16 @@ _FIELDS = {f.name for f in fields(SamplingParams)} | {
     "frequency_penalty",
     "top_logprobs",
     "max_completion_tokens",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "tool_choice",
+    "tools",
+    "best_of",
+    "logit_bias",
 }
 
 

@@ -38,6 +38,7 @@ class Operation:
     request: type[BaseModel] | None = None
     responses: dict[str, type[BaseModel]] = field(default_factory=dict)
     errors: tuple[int, ...] = (400, 404, 413, 429, 503, 504)
+    alternatives: tuple[type[BaseModel], ...] = ()  # other request bodies (oneOf)
 
 
 def install_openapi(app: FastAPI, operations: dict[str, Operation]) -> None:
@@ -51,6 +52,7 @@ def install_openapi(app: FastAPI, operations: dict[str, Operation]) -> None:
         for op in operations.values():
             if op.request is not None:
                 models.append(op.request)
+            models.extend(op.alternatives)
             models.extend(op.responses.values())
         unique = list(dict.fromkeys(models))
         _, defs = models_json_schema([(m, "validation") for m in unique], ref_template=_REF)
@@ -58,9 +60,12 @@ def install_openapi(app: FastAPI, operations: dict[str, Operation]) -> None:
         for path, op in operations.items():
             entry = doc["paths"].setdefault(path, {}).setdefault(op.method, {})
             if op.request is not None:
+                schema: dict[str, Any] = _ref(op.request)
+                if op.alternatives:
+                    schema = {"oneOf": [schema, *(_ref(m) for m in op.alternatives)]}
                 entry["requestBody"] = {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref(op.request)}},
+                    "content": {"application/json": {"schema": schema}},
                 }
             responses: dict[str, Any] = {}
             if op.responses:

@@ -14,10 +14,12 @@ cancellation, disconnect, an error) aborts the backend request, freeing its bloc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.outputs import RequestOutput
@@ -52,6 +54,11 @@ class Router:
         self.limits = limits or RequestLimits.for_model(
             info.max_model_len, _longest_token_chars(backend, info.vocab_size)
         )
+        self.served_names = info.served_names or (info.model,)
+        # A client may name the model by any served name or by the path it was loaded from.
+        self._accepted_names = set(self.served_names)
+        if info.model_path:
+            self._accepted_names |= {info.model_path, str(Path(info.model_path).resolve())}
 
     async def run_tokenizer(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
@@ -71,8 +78,47 @@ class Router:
 
     def check_model(self, requested: str | None) -> None:
         """An empty or missing model name means the served one."""
-        if requested and requested != self.model_name:
+        if requested and requested not in self._accepted_names:
             raise unknown_model(requested, self.model_name)
+
+    def check_fanout(self, num_prompts: int, n: int, best_of: int | None) -> None:
+        """Refuse more sequences in one request than the limits allow."""
+        lim = self.limits
+        if num_prompts > lim.max_batch_prompts:
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"prompt: at most {lim.max_batch_prompts} prompts per request, got {num_prompts}",
+                "prompt",
+            )
+        total = num_prompts * (best_of or n)
+        if total > lim.max_batch_prompts:
+            param = "best_of" if best_of else "n"
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"{param}: at most {lim.max_batch_prompts} sequences per request "
+                f"(prompts x {param}), got {total}",
+                param,
+            )
+
+    @staticmethod
+    def new_request_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """Text of prompt token ids (checked against the vocabulary), on the tokenizer thread."""
+        vocab = self.backend.model_info().vocab_size
+        for t in token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise RequestError(
+                    ErrorKind.INVALID, f"tokens: ids must be in [0, {vocab}), got {t!r}", "tokens"
+                )
+        return await self.run_tokenizer(lambda: self.backend.detokenize(token_ids))
+
+    @staticmethod
+    def with_logprobs(request: GenerateRequest) -> GenerateRequest:
+        """The request asking for its sampled tokens' logprobs (best_of ranks by them)."""
+        params = dataclasses.replace(request.sampling_params, logprobs=0)
+        return dataclasses.replace(request, sampling_params=params)
 
     async def prepare(
         self,
@@ -82,6 +128,7 @@ class Router:
         priority: int = 0,
         request_id: str | None = None,
         id_prefix: str = "req",
+        tools: list[dict[str, Any]] | None = None,
     ) -> GenerateRequest:
         """Tokenize the prompt (text, token ids or chat messages) and check it fits the model.
 
@@ -97,7 +144,7 @@ class Router:
         try:
             if messages is not None:
                 self.check_text_length(_chat_chars(messages), "messages")
-                ids = await self.run_tokenizer(lambda: self.backend.render_chat(messages))
+                ids = await self.run_tokenizer(lambda: self.backend.render_chat(messages, tools))
             elif isinstance(prompt, str):
                 self.check_text_length(len(prompt), "prompt")
                 text = prompt
@@ -145,6 +192,24 @@ class Router:
         vocabulary and the router's request limits. Raises RequestError(INVALID)."""
         lim = self.limits
         vocab = self.backend.model_info().vocab_size
+        if params.structured is not None:
+            try:
+                params.structured.validate()
+            except ValueError as e:
+                raise invalid_argument(e) from None
+        if len(params.logit_bias) > lim.max_logit_bias:
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"logit_bias: at most {lim.max_logit_bias} entries",
+                "logit_bias",
+            )
+        for t, _ in params.logit_bias:  # type: ignore[misc]
+            if t >= vocab:
+                raise RequestError(
+                    ErrorKind.INVALID,
+                    f"logit_bias: token ids must be in [0, {vocab}), got {t}",
+                    "logit_bias",
+                )
 
         def bad(param: str, message: str) -> RequestError:
             return RequestError(ErrorKind.INVALID, f"{param}: {message}", param)

@@ -201,7 +201,9 @@ class _ThreadRecordingBackend(FakeBackend):
         self.threads.append(threading.current_thread().name)
         return super().tokenize(text, add_special_tokens)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         self.threads.append(threading.current_thread().name)
         return [1, 2, 3]
 
