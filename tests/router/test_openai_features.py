@@ -25,8 +25,8 @@ from tests.structured_schemas import SCHEMAS
 
 pytestmark = pytest.mark.timeout(600)
 
-CHAT = [{"role": "user", "content": "hello"}]
-WEATHER = {
+CHAT: Any = [{"role": "user", "content": "hello"}]
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -42,7 +42,7 @@ WEATHER = {
         },
     },
 }
-TIME = {
+TIME: Any = {
     "type": "function",
     "function": {
         "name": "get_time",
@@ -57,7 +57,7 @@ TIME = {
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
+def client(server: Server) -> Any:  # Any: the tests send vLLM extras the stubs do not know
     return openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
 
 
@@ -73,9 +73,7 @@ def _metric(server: Server, name: str) -> float:
     return float(m.group(1))
 
 
-def test_n_greedy_is_n_identical_sequences_prefilled_once(
-    server: Server, client: openai.OpenAI
-) -> None:
+def test_n_greedy_is_n_identical_sequences_prefilled_once(server: Server, client: Any) -> None:
     prompt = list(range(5, 45))  # 40 tokens: 2 full blocks + 8
     counter = "pdserve_engine_prompt_tokens_computed_total"
     before = _metric(server, counter) if server.colocated else 0.0
@@ -102,7 +100,7 @@ def test_n_greedy_is_n_identical_sequences_prefilled_once(
     server.wait_pool_free()
 
 
-def test_n_seeded_equals_separate_seeded_requests(client: openai.OpenAI) -> None:
+def test_n_seeded_equals_separate_seeded_requests(client: Any) -> None:
     common: dict[str, Any] = dict(model="tiny", prompt="the cache", max_tokens=6, temperature=1.0)
     together = client.completions.create(n=3, seed=11, **common)
     alone = [client.completions.create(seed=11 + j, **common).choices[0].text for j in range(3)]
@@ -111,7 +109,7 @@ def test_n_seeded_equals_separate_seeded_requests(client: openai.OpenAI) -> None
     assert again == alone[0]  # seed: reproducible
 
 
-def test_best_of_returns_the_most_likely(client: openai.OpenAI) -> None:
+def test_best_of_returns_the_most_likely(client: Any) -> None:
     common: dict[str, Any] = dict(model="tiny", prompt="the", max_tokens=4, temperature=1.0)
     best = client.completions.create(best_of=3, seed=5, **common)
     assert len(best.choices) == 1 and best.choices[0].logprobs is None
@@ -122,7 +120,7 @@ def test_best_of_returns_the_most_likely(client: openai.OpenAI) -> None:
     assert best.choices[0].text == runs[scores.index(max(scores))].text
 
 
-def test_batched_prompts_with_n(client: openai.OpenAI, offline: LLM) -> None:
+def test_batched_prompts_with_n(client: Any, offline: LLM) -> None:
     prompts = ["one", "two words", "three more words"]
     c = client.completions.create(
         model="tiny", prompt=prompts, n=2, max_tokens=3, temperature=0,
@@ -145,16 +143,15 @@ def test_batched_prompts_with_n(client: openai.OpenAI, offline: LLM) -> None:
     assert streamed == {p: refs[p].text for p in range(3)}
 
 
-def test_penalties_bias_echo_stop_user_match_the_engine(
-    client: openai.OpenAI, offline: LLM
-) -> None:
+def test_penalties_bias_echo_stop_user_match_the_engine(client: Any, offline: LLM) -> None:
     prompt = [5, 9, 40, 41, 42]
     for extra in (
         {"presence_penalty": 1.5, "frequency_penalty": 0.7},
         {"repetition_penalty": 1.4},
     ):
+        params: Any = extra
         ref = offline.generate({"prompt_token_ids": prompt}, SamplingParams(
-            temperature=0, max_tokens=8, ignore_eos=True, **extra))[0]  # fmt: skip
+            temperature=0, max_tokens=8, ignore_eos=True, **params))[0]  # fmt: skip
         body = {k: v for k, v in extra.items() if k != "repetition_penalty"}
         c = client.completions.create(
             model="tiny", prompt=prompt, max_tokens=8, temperature=0, **body,
@@ -181,7 +178,7 @@ def test_penalties_bias_echo_stop_user_match_the_engine(
     assert not any(s in stops.choices[0].text for s in "abcd")
 
 
-def test_chat_logprobs(client: openai.OpenAI) -> None:
+def test_chat_logprobs(client: Any) -> None:
     chat = client.chat.completions.create(
         model="tiny", messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2,
         extra_body={"ignore_eos": True},
@@ -192,7 +189,7 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_structured_outputs_through_the_openai_client(client: openai.OpenAI, stream: bool) -> None:
+def test_structured_outputs_through_the_openai_client(client: Any, stream: bool) -> None:
     def run_chat(**kw: Any) -> str:
         out = client.chat.completions.create(
             model="tiny", messages=CHAT, max_tokens=300, temperature=1.0, seed=3, stream=stream,
@@ -252,7 +249,7 @@ def _arguments_valid(calls: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_tool_calls(client: openai.OpenAI, stream: bool) -> None:
+def test_tool_calls(client: Any, stream: bool) -> None:
     def run(**kw: Any) -> tuple[str | None, list[dict[str, Any]], str | None]:
         out = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "weather in Paris?"}],
@@ -260,9 +257,10 @@ def test_tool_calls(client: openai.OpenAI, stream: bool) -> None:
         )  # fmt: skip
         if not stream:
             msg = out.choices[0].message  # type: ignore[union-attr]
-            calls = [c.model_dump() for c in msg.tool_calls or []]
-            return msg.content, calls, out.choices[0].finish_reason  # type: ignore[union-attr]
-        content, calls, finish = "", {}, None
+            whole = [c.model_dump() for c in msg.tool_calls or []]
+            return msg.content, whole, out.choices[0].finish_reason  # type: ignore[union-attr]
+        content, finish = "", None
+        calls: dict[int, dict[str, Any]] = {}
         for chunk in out:  # type: ignore[union-attr]
             ch = chunk.choices[0]
             content += ch.delta.content or ""
@@ -330,7 +328,7 @@ def test_openapi_documents_every_body(server: Server) -> None:
 
 # Every field of the installed openai package's request types: an example that exercises it,
 # and whether this server implements it ("ok": 200) or refuses it ("refused": 400 naming it).
-COMPLETION_FIELDS: dict[str, tuple[dict[str, Any], str]] = {
+COMPLETION_FIELDS: dict[str, tuple[Any, str]] = {
     "best_of": ({"best_of": 2}, "ok"),
     "echo": ({"echo": True}, "ok"),
     "frequency_penalty": ({"frequency_penalty": 0.5}, "ok"),
@@ -349,7 +347,7 @@ COMPLETION_FIELDS: dict[str, tuple[dict[str, Any], str]] = {
     "top_p": ({"top_p": 0.9}, "ok"),
     "user": ({"user": "u-1"}, "ok"),
 }
-CHAT_FIELDS: dict[str, tuple[dict[str, Any], str]] = {
+CHAT_FIELDS: dict[str, tuple[Any, str]] = {
     "audio": ({"audio": {"voice": "alloy", "format": "wav"}}, "refused"),
     "frequency_penalty": ({"frequency_penalty": -0.5}, "ok"),
     "function_call": ({"function_call": "auto"}, "refused"),
@@ -422,7 +420,7 @@ def test_every_openai_field_is_implemented_or_refused(
 
 
 def test_bad_structured_outputs_are_400(server: Server) -> None:
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"guided_regex": "[a-"}, "guided_regex"),
         ({"guided_json": {"type": "objekt"}}, "guided_json"),
         ({"guided_choice": []}, "guided_choice"),
@@ -441,3 +439,20 @@ def test_bad_structured_outputs_are_400(server: Server) -> None:
             assert r.status_code == 400, (extra, r.text)
             assert r.json()["error"]["param"] == param, (extra, r.json())
     assert StructuredOutput("choice", '["a"]').to_grammar()
+
+
+def test_served_name_aliases_and_the_model_path(llama: Path) -> None:
+    from tests.router.server_harness import start_server
+
+    s = start_server(llama, "--served-model-name", "second", "--max-model-len", "256")
+    try:
+        models = httpx.get(f"{s.http_url}/v1/models", timeout=10).json()["data"]
+        assert [m["id"] for m in models] == ["tiny", "second"]  # the harness names it "tiny"
+        for name in ("tiny", "second", str(llama)):
+            r = httpx.post(f"{s.http_url}/v1/completions", timeout=60,
+                           json={"model": name, "prompt": "hi", "max_tokens": 2})  # fmt: skip
+            assert r.status_code == 200, (name, r.text)
+        r = httpx.post(f"{s.http_url}/v1/completions", json={"model": "third", "prompt": "hi"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    finally:
+        assert s.stop() == 0
