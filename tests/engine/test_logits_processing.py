@@ -129,7 +129,8 @@ def test_structured_outputs_survive_preemption(llama: Path, mode: str) -> None:
         outs = run_to_completion(engine)
         stats = engine.scheduler.stats
         assert_pool_free(engine)
-        return {k: o.token_ids for k, o in outs.items()}, {k: o.text for k, o in outs.items()}, stats
+        ids = {k: o.token_ids for k, o in outs.items()}
+        return ids, {k: o.text for k, o in outs.items()}, stats
 
     roomy_ids, _, _ = run(512)
     tight_ids, texts, stats = run(20)
