@@ -94,7 +94,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "top_p": st.floats(-0.5, 1.5) | st.none(),
     "top_k": st.integers(-3, VOCAB + 3),
     "n": st.integers(-1, 3),
-    "seed": st.integers(-(2**64), 2**64) | st.none(),
+    "seed": st.integers(-(2**64), 2**64) | st.sampled_from([2**64, -(2**63) - 1]) | st.none(),
     "stop": _texts | st.lists(_texts, max_size=20) | st.none(),
     "stop_token_ids": _token_ids,
     "ignore_eos": st.booleans(),
@@ -110,6 +110,43 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "priority": st.integers(-(2**40), 2**40),
     "timeout": st.floats(-1, 30) | st.none(),
     "user": _texts,
+    "best_of": st.integers(0, 4) | st.none(),
+    "repetition_penalty": st.floats(-1, 3) | st.none(),
+    "logit_bias": st.dictionaries(
+        st.integers(-3, VOCAB + 3).map(str) | _texts, st.floats(-150, 150), max_size=3
+    ),
+    "response_format": st.sampled_from(
+        [
+            {"type": "text"},
+            {"type": "json_object"},
+            {"type": "x"},
+            {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "s",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 9},
+                },
+            },
+            {"type": "json_schema"},
+        ]
+    ),
+    "guided_regex": st.sampled_from(["[0-9]{2}", "[a-", "(a|b)+c", ""]),
+    "guided_choice": st.lists(_texts, max_size=3),
+    "guided_json": st.sampled_from([{"type": "boolean"}, {"type": "nope"}, "{", "[1]"]),
+    "guided_grammar": st.sampled_from(['root ::= "a" | "b"', "start: x", 'start: "q"+']),
+    "tools": st.sampled_from(
+        [
+            [],
+            [{"type": "function", "function": {"name": "f"}}],
+            [{"type": "function", "function": {"name": "bad name!"}}],
+            [{"type": "x"}],
+        ]
+    ),
+    "tool_choice": st.sampled_from(
+        ["none", "auto", "required", "x", {"type": "function", "function": {"name": "f"}}]
+    ),
+    "store": st.booleans(),
+    "suffix": _texts,
 }
 _field_value = st.sampled_from(sorted(FIELDS)).flatmap(
     lambda f: st.tuples(st.just(f), FIELDS[f] | json_values)
@@ -200,6 +237,14 @@ _sampling = st.builds(
             "top_k": st.integers(-2, VOCAB + 2) | _int32,
             "top_p": _doubles,
             "seed": st.integers(-(2**63), 2**63 - 1),
+            "presence_penalty": _doubles,
+            "frequency_penalty": _doubles,
+            "repetition_penalty": _doubles,
+            "logit_bias": st.dictionaries(st.integers(-5, VOCAB + 5) | _int32, _doubles,
+                                          max_size=3),
+            "structured": st.builds(pb.StructuredOutput, kind=st.sampled_from(
+                ["json", "json_object", "regex", "choice", "grammar", "", "x"]),
+                value=st.sampled_from(["", "[0-9]", '["a"]', '{"type": "integer"}', "[a-"])),
             "stop": st.lists(st.text(max_size=20).filter(_encodable), max_size=20),
             "stop_token_ids": st.lists(_int32 | st.integers(-2, VOCAB + 2), max_size=5),
             "ignore_eos": st.booleans(),
@@ -213,7 +258,11 @@ _sampling = st.builds(
 
 def _grpc_request(d: dict[str, Any]) -> pb.GenerateRequest:
     req = pb.GenerateRequest(
-        sampling_params=d["sampling_params"], priority=d["priority"], model=d["model"]
+        sampling_params=d["sampling_params"],
+        priority=d["priority"],
+        model=d["model"],
+        n=d["n"],
+        best_of=d["best_of"],
     )
     if d["prompt"] is None:
         pass
@@ -229,6 +278,8 @@ grpc_requests = st.fixed_dictionaries(
         "sampling_params": _sampling,
         "priority": _int32,
         "model": st.sampled_from(["", "tiny", "other"]),
+        "n": st.integers(-1, 3),
+        "best_of": st.integers(-1, 4),
         "prompt": st.none()
         | st.text(max_size=40).filter(_encodable)
         | st.lists(st.integers(-5, VOCAB + 5) | _int32, max_size=12),
@@ -284,7 +335,13 @@ def test_schemathesis_against_the_openapi_document(fuzz_server: Server, mode: st
     """Every operation of ``/openapi.json``: schema-valid bodies (positive) and bodies that
     break the schema (negative)."""
     from schemathesis import GenerationMode
-    from schemathesis.checks import not_a_server_error
+    from schemathesis.checks import (
+        not_a_server_error,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    checks = [not_a_server_error, status_code_conformance, response_schema_conformance]
 
     schema = schemathesis.openapi.from_url(f"{fuzz_server.http_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
@@ -297,9 +354,7 @@ def test_schemathesis_against_the_openapi_document(fuzz_server: Server, mode: st
         @settings(max_examples=40, deadline=None, derandomize=True, database=None)
         @given(case=op.as_strategy(GenerationMode(mode)))
         def check(case: Any) -> None:
-            case.call_and_validate(
-                base_url=fuzz_server.http_url, checks=[not_a_server_error], timeout=60
-            )
+            case.call_and_validate(base_url=fuzz_server.http_url, checks=checks, timeout=60)
 
         check()
 

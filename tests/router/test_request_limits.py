@@ -77,6 +77,7 @@ BAD: list[tuple[str, str, bytes, int, str | None, str]] = [
     ("chat longer than any prompt that fits", "chat/completions",
      _raw({**CHAT, "messages": [{"role": "user", "content": "ab" * 100_000}]}), 400, "messages",
      "characters"),
+    ("seed 2**64", "completions", _raw({**GOOD, "seed": 2**64}), 400, "seed", "2**64"),
     ("body over the limit", "completions", _raw({**GOOD, "prompt": "a" * (10 << 20)}), 413, None,
      "bytes"),
 ]  # fmt: skip
