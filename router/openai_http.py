@@ -86,8 +86,8 @@ def build_app(router: Router) -> FastAPI:
             router.check_fanout(len(prompts), body.n, body.best_of)
             base = router.new_request_id("cmpl")
             prepared = [
-                await router.prepare(p_, prompt=p, priority=body.priority, request_id=base)
-                for p, p_ in ((p, params) for p in prompts)
+                await router.prepare(params, prompt=p, priority=body.priority, request_id=base)
+                for p in prompts
             ]
             echo = None
             if body.echo:
