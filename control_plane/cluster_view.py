@@ -3,7 +3,8 @@ the KV index. Fed by a source (``redis_source`` or ``static_source``); read by r
 
 Load correction (so a burst spreads before the next report arrives):
 
-    used blocks seen = report.used + blocks this router sent there after the report's time
+    used blocks seen = report.used + blocks this router sent there that the report may not
+                       show yet (sent after it, or less than ``visible_after_s`` before it)
     (report older than ``stale_after_s``, or none: this router's in-flight sends alone)
 
 Not thread-safe: the router's event loop owns it.
@@ -57,11 +58,13 @@ class ClusterView:
         self,
         fingerprint: ModelFingerprint | None = None,
         stale_after_s: float = STALE_AFTER_S,
+        visible_after_s: float = 0.5,
         stats: ControlPlaneStats | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fingerprint = fingerprint
         self.stale_after_s = stale_after_s
+        self.visible_after_s = visible_after_s  # a send shows in reports this much later
         self.stats = stats or ControlPlaneStats()
         self.kv_index = KVIndex()
         self.in_outage = False  # set by the source: leases cannot be judged, keep what we know
@@ -190,7 +193,8 @@ class ClusterView:
         stale = report is None or report.is_stale(now, self.stale_after_s)
         sends = list(self._sends.get(worker_id, {}).values())
         if report is not None and not stale:
-            unreported = [s for s in sends if s.sent_at > report.timestamp]
+            seen = report.timestamp - self.visible_after_s
+            unreported = [s for s in sends if s.sent_at > seen]
             used = report.num_used_blocks + sum(s.num_blocks for s in unreported)
             active = report.num_running_requests + report.num_waiting_requests + len(unreported)
             queued = report.num_queued_prefill_tokens + sum(

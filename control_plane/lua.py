@@ -99,13 +99,17 @@ return {0, now}
 
 # Atomic select-and-reserve over candidate workers, cheapest first after counting what every
 # router has sent each one since its last load report.
+# A send counts against a worker until a load report at least `visible` ms newer than it
+# arrives (by then the worker has seen the request), or until it expires.
 # KEYS: per candidate i: load_i, pending_i, pending_blocks_i.
-# ARGV: request id, blocks needed, pending ttl ms, pending weight, then per candidate: its cost.
+# ARGV: request id, blocks needed, pending ttl ms, pending weight, visible ms, then per
+# candidate: its cost.
 # Returns {chosen index (1-based) or 0, pending blocks of candidate 1, of candidate 2, ...}.
 SELECT_AND_RESERVE = (
     _NOW
     + """
 local rid, need, ttl, weight = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local visible = tonumber(ARGV[5])
 local n = #KEYS / 3
 local best, best_cost = 0, nil
 local out = {0}
@@ -117,7 +121,8 @@ for i = 1, n do
     redis.call('HDEL', bk, unpack(old))
   end
   local report = redis.call('HMGET', lk, 'timestamp_ms', 'num_free_blocks')
-  local since = redis.call('ZRANGEBYSCORE', pk, '(' .. (report[1] or '0'), '+inf')
+  local seen = tonumber(report[1] or '0') - visible
+  local since = redis.call('ZRANGEBYSCORE', pk, '(' .. seen, '+inf')
   local pend = 0
   if #since > 0 then
     for _, b in ipairs(redis.call('HMGET', bk, unpack(since))) do
@@ -127,7 +132,7 @@ for i = 1, n do
   out[i + 1] = pend
   local free = tonumber(report[2] or '-1')
   if free < 0 or free - pend >= need then
-    local cost = tonumber(ARGV[4 + i]) + weight * pend
+    local cost = tonumber(ARGV[5 + i]) + weight * pend
     if best_cost == nil or cost < best_cost then best, best_cost = i, cost end
   end
 end

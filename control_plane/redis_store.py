@@ -292,15 +292,23 @@ class RedisStore:
         candidates: Sequence[tuple[str, float]],
         ttl_s: float,
         pending_weight: float,
+        visible_after_s: float = 0.5,
     ) -> tuple[str | None, dict[str, int]]:
         """Pick the cheapest candidate ``(worker id, cost)`` that still has room for
-        ``num_blocks`` once every router's sends since its last report are counted, and
-        record this send there. Returns ``(chosen or None, pending blocks per candidate)``."""
+        ``num_blocks`` once every router's sends it may not have seen yet are counted (sent
+        after its last report, or less than ``visible_after_s`` before it), and record this
+        send there. Returns ``(chosen or None, pending blocks per candidate)``."""
         k = self.keys
         keys: list[str] = []
         for w, _ in candidates:
             keys += [k.load(w), k.pending(w), k.pending_blocks(w)]
-        args: list[Any] = [request_id, num_blocks, int(ttl_s * 1000), pending_weight]
+        args: list[Any] = [
+            request_id,
+            num_blocks,
+            int(ttl_s * 1000),
+            pending_weight,
+            int(visible_after_s * 1000),
+        ]
         args += [repr(float(c)) for _, c in candidates]
         reply = await self._run(self._select(keys=keys, args=args))
         index = int(reply[0])
