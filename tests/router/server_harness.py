@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 300.0  # as `pdserve serve --worker-start-timeout-s`: a loaded 2-core machine took 89 s
+# As `pdserve serve --worker-start-timeout-s`: a loaded 2-core machine took 89 s.
+STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass
