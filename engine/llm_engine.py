@@ -35,6 +35,7 @@ from engine.request_snapshot import RequestSnapshot
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_config import SchedulerConfig
+from engine.scheduler_output import SchedulerOutput
 from engine.tracked_request import TrackedRequest
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class LLMEngine:
             raise ValueError("sampling_params must be a SamplingParams")
         if request_id in self._tracked or request_id in self.scheduler.delayed_free:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if params.structured is not None:
+            params.structured.validate()  # a bad grammar is the caller's error, not the step's
         capacity = self.block_manager.num_blocks * self.block_manager.block_size
         ids = resolve_prompt_ids(
             prompt,
@@ -329,6 +332,7 @@ class LLMEngine:
             t = self._tracked.get(s.request_id)
             if t is not None and t.first_scheduled_time is None:
                 t.first_scheduled_time = now
+        num_prompt_tokens = self._num_prompt_tokens(sched_out)
         result = self.runner.execute(sched_out)
         self.num_steps += 1
         sampled = {rid: tok.token_id for rid, tok in result.sampled.items()}
@@ -355,10 +359,21 @@ class LLMEngine:
             sched_out.num_scheduled_tokens,
             len(sched_out.scheduled),
             outputs[num_imported:],
+            num_prompt_tokens,
         )
         if self.config.check_invariants:
             self.check_invariants()
         return outputs
+
+    def _num_prompt_tokens(self, sched_out: SchedulerOutput) -> int:
+        """How many of the step's tokens sit at prompt positions (prefill compute)."""
+        total = 0
+        for s in sched_out.scheduled:
+            request = self.scheduler.requests.get(s.request_id)
+            if request is not None:
+                end = min(s.num_computed_tokens + s.num_scheduled_tokens, request.num_prompt_tokens)
+                total += max(0, end - s.num_computed_tokens)
+        return total
 
     def _make_output(self, t: TrackedRequest, token: SampledToken, now: float) -> RequestOutput:
         request = t.request
