@@ -13,6 +13,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import create_receiver, resolve_transport
+from kv_transfer.receiver import DEFAULT_LEASE_S
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.worker_process import (
@@ -37,14 +38,22 @@ async def serve(
     kv_port: int,
     metrics_port: int | None = 0,
     model_name: str | None = None,
+    kv_lease_s: float = DEFAULT_LEASE_S,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
-    None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
+    None = off). ``model_name``: the ``model`` label (default: the model folder's name).
+    ``kv_lease_s``: how long a reservation lives without a write or a renewal from prefill."""
     engine = LLMEngine(config)
     owner = DecodeOwner()
     kind = resolve_transport(transport)
     receiver = create_receiver(
-        engine.kv_spec, engine.kv_cache.pool, owner, kind, host=kv_host, port=kv_port
+        engine.kv_spec,
+        engine.kv_cache.pool,
+        owner,
+        kind,
+        host=kv_host,
+        port=kv_port,
+        default_lease_s=kv_lease_s,
     )
     await receiver.start()
     aengine = AsyncEngine(engine)
@@ -81,7 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-transport", default="auto", help="auto | ucx | tcp")
     p.add_argument("--kv-host", default="127.0.0.1")
     p.add_argument("--kv-port", type=int, default=0)
+    p.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=DEFAULT_LEASE_S,
+        help="a reservation is released when prefill neither writes nor renews it for this long",
+    )
     a = p.parse_args(argv)
+    if a.kv_lease_s <= 0:
+        p.error(f"--kv-lease-s must be positive, got {a.kv_lease_s}")
     prepare_worker_process()
     config = EngineConfig(model=a.model, **engine_options(a))
     asyncio.run(
@@ -94,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.kv_port,
             metrics_port_of(a),
             a.served_model_name,
+            a.kv_lease_s,
         )
     )
     return 0

@@ -27,6 +27,7 @@ from engine.outputs import RemotePrefillReservation, RequestOutput
 from kv_transfer import CompletedTransfer, ReleaseReason
 from kv_transfer.receiver import ReceiverBase
 from pdserve.wire import delta_to_proto, sampling_params_from_proto
+from pdserve.worker_process import integrity_error
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
 
@@ -180,7 +181,7 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
         self, request: wpb.GetLoadRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerLoad:
         s = self._engine.stats
-        return wpb.WorkerLoad(
+        load = wpb.WorkerLoad(
             role="decode",
             num_blocks=s.num_blocks,
             num_free_blocks=s.num_free_blocks,
@@ -188,4 +189,11 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
             num_waiting_requests=s.num_waiting,
             kv_endpoint=self._receiver.endpoint,
             transport=self._transport,
+            num_reservations=self._receiver.num_reservations(),
         )
+        if request.check_integrity:
+            load.integrity_checked = True
+            load.integrity_error = await integrity_error(
+                self._engine, self._receiver.core.table.check_integrity
+            )
+        return load

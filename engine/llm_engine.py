@@ -291,6 +291,17 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the block manager's accounting holds and every request
+        holding blocks is one the engine still tracks (queued, running, swapped, held for a KV
+        export, or reserved for a remote prefill): no block is owned by a forgotten request."""
+        self.block_manager.check_integrity()
+        known = set(self.scheduler.requests) | set(self.scheduler.held) | set(self._remote)
+        orphans = self.block_manager.owners() - known
+        assert not orphans, f"blocks held by requests the engine forgot: {sorted(orphans)}"
+        unfinished = set(self._tracked) - set(self.scheduler.requests)
+        assert not unfinished, f"outputs tracked for requests not in the scheduler: {unfinished}"
+
     @property
     def num_unfinished_requests(self) -> int:
         return self.scheduler.num_unfinished

@@ -8,10 +8,13 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from engine.async_engine import AsyncEngine
 
 
 def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -62,3 +65,15 @@ async def wait_for_stop_signal() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def integrity_error(engine: AsyncEngine, *checks: Callable[[], None]) -> str:
+    """Run the engine's ``check_integrity`` on its thread, then each of ``checks`` here; the
+    first broken invariant's message, or "" when all hold (``GetLoad(check_integrity)``)."""
+    try:
+        await engine.call(lambda e: e.check_integrity())
+        for check in checks:
+            check()
+    except AssertionError as e:
+        return f"integrity check failed: {e}" if str(e) else "integrity check failed"
+    return ""

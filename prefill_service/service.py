@@ -29,6 +29,7 @@ from engine.outputs import PrefillProgress, RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError
 from pdserve.wire import sampling_params_from_proto
+from pdserve.worker_process import integrity_error
 from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
@@ -208,11 +209,16 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         self, request: wpb.GetLoadRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerLoad:
         s = self._engine.stats
-        return wpb.WorkerLoad(
+        load = wpb.WorkerLoad(
             role="prefill",
             num_blocks=s.num_blocks,
             num_free_blocks=s.num_free_blocks,
             num_running_requests=s.num_running,
             num_waiting_requests=s.num_waiting,
             num_queued_prefill_tokens=self._queued_tokens,
+            num_reservations=self._sender.num_active_transfers,
         )
+        if request.check_integrity:
+            load.integrity_checked = True
+            load.integrity_error = await integrity_error(self._engine)
+        return load

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,13 +69,33 @@ class Server:
 def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
     """Launch on free ports (the server prints them) and wait until /health says ok.
     ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes)."""
+    cmd = [
+        "serve", *(["--colocated"] if colocated else []),
+        "--model", str(model), "--dtype", "float32", *extra,
+    ]  # fmt: skip
+    return launch(cmd, colocated)
+
+
+def start_router(
+    model: Path, decode: Sequence[str], prefill: Sequence[str], *extra: str
+) -> Server:
+    """``pdserve router`` over running workers (their gRPC targets), on free ports."""
+    cmd = ["router", "--model", str(model)]
+    for target in decode:
+        cmd += ["--decode", target]
+    for target in prefill:
+        cmd += ["--prefill", target]
+    return launch([*cmd, *extra], colocated=False)
+
+
+def launch(pdserve_args: Sequence[str], colocated: bool) -> Server:
+    """Run ``python -m pdserve ARGS --grpc-port 0 --http-port 0 --served-model-name tiny``
+    and wait until it serves and /health says ok."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
-        sys.executable, "-m", "pdserve", "serve", *(["--colocated"] if colocated else []),
-        "--grpc-port", "0", "--http-port", "0",
-        "--model", str(model), "--dtype", "float32", "--served-model-name", "tiny",
-        *extra,
+        sys.executable, "-m", "pdserve", *pdserve_args,
+        "--grpc-port", "0", "--http-port", "0", "--served-model-name", "tiny",
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
