@@ -8,16 +8,18 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from decode_service.block_queue import BlockQueue
 from decode_service.service import DecodeOwner, DecodeWorkerService
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from kv_transfer import create_receiver, resolve_transport
+from kv_transfer import create_receiver, release_transports, resolve_transport
 from kv_transfer.receiver import DEFAULT_LEASE_S
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.worker_process import (
     add_worker_args,
+    drain,
     metrics_port_of,
     prepare_worker_process,
     start_grpc_server,
@@ -39,12 +41,16 @@ async def serve(
     metrics_port: int | None = 0,
     model_name: str | None = None,
     kv_lease_s: float = DEFAULT_LEASE_S,
+    shutdown_grace_s: float = 5.0,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
-    ``kv_lease_s``: how long a reservation lives without a write or a renewal from prefill."""
+    ``kv_lease_s``: how long a reservation lives without a write or a renewal from prefill.
+    On SIGINT/SIGTERM it drains: NOT_SERVING at once, new requests refused, those in flight
+    get ``shutdown_grace_s``, then end with UNAVAILABLE."""
     engine = LLMEngine(config)
     owner = DecodeOwner()
+    blocks = BlockQueue()
     kind = resolve_transport(transport)
     receiver = create_receiver(
         engine.kv_spec,
@@ -56,9 +62,9 @@ async def serve(
         default_lease_s=kv_lease_s,
     )
     await receiver.start()
-    aengine = AsyncEngine(engine)
-    servicer = DecodeWorkerService(aengine, receiver, owner, kind)
-    server, bound = await start_grpc_server(
+    aengine = AsyncEngine(engine, on_step=blocks.serve)
+    servicer = DecodeWorkerService(aengine, receiver, owner, kind, blocks)
+    server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
     )
     print(f"decode worker: grpc {host}:{bound}, kv {receiver.endpoint} ({kind})", flush=True)
@@ -75,10 +81,12 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"decode worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    await drain(servicer.drain, health, shutdown_grace_s)
     if metrics is not None:
         metrics.close()
-    await server.stop(grace=2.0)
+    await server.stop(grace=0.5)  # drained: nothing is left to finish
     await receiver.close()
+    await release_transports()
     await asyncio.to_thread(aengine.shutdown)
 
 
@@ -112,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics_port_of(a),
             a.served_model_name,
             a.kv_lease_s,
+            a.shutdown_grace_s,
         )
     )
     return 0

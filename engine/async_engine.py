@@ -110,8 +110,10 @@ class AsyncEngine:
     def __init__(
         self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None
     ) -> None:
-        """``on_step(engine)`` runs on the engine thread after every step (the prefill role
-        drains its KV-export progress there); it must be quick and must not raise."""
+        """``on_step(engine)`` runs on the engine thread after every step and after every batch
+        of commands (the prefill role drains its KV-export progress there; the decode role
+        hands freed blocks to requests waiting for them); it must be quick and must not
+        raise."""
         self.engine = engine
         self._on_step = on_step
         self._cond = threading.Condition()
@@ -229,6 +231,8 @@ class AsyncEngine:
             if stopping:
                 self._close_all()
                 break
+            if commands:  # they may have freed blocks (an abort) or changed what waits
+                self._run_hook()
             if self._has_work():
                 try:
                     outputs = engine.step()
@@ -238,17 +242,20 @@ class AsyncEngine:
                     self.stats = self._snapshot()
                 else:
                     self.stats = self._snapshot()  # before delivery: a reader sees this step
-                    if self._on_step is not None:  # before delivery: hook effects come first
-                        try:
-                            self._on_step(engine)
-                        except Exception:
-                            logger.exception("on_step hook failed")
+                    self._run_hook()  # before delivery: hook effects come first
                     self._deliver(outputs)
             else:
                 self.stats = self._snapshot()
 
     def _has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
+
+    def _run_hook(self) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step(self.engine)
+            except Exception:
+                logger.exception("on_step hook failed")
 
     def _execute(self, command: _Command, stopping: bool) -> None:
         if isinstance(command, _Attach):

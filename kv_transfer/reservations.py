@@ -201,6 +201,21 @@ class ReservationTable:
         self._notify(done)
         return True
 
+    def discard(self, request_id: str) -> bool:
+        """The owner gives the request up: release its reservation if it is live. Returns True
+        while the table holds the reservation (live, or releasing until a write in flight
+        stops): ``on_reservation_released`` then frees the blocks (maybe already has). False
+        when the table holds nothing for the request (never reserved, completed, or released
+        and reported): whatever the owner allocated is the owner's to free now. Atomic, so
+        the answer cannot go stale between the check and the release."""
+        with self._lock:
+            r = self._reservations.get(request_id)
+            if r is None:
+                return False
+            done = self._start_release(r, ReleaseReason.ABORTED) if r.release_reason is None else []
+        self._notify(done)
+        return True
+
     def expire(self) -> list[PeerId]:
         """Release every reservation whose lease has passed. Returns the peers that still have
         a write in flight into one of them: the transport must cut those connections so the

@@ -50,6 +50,11 @@ class KVReceiver(Protocol):
     def abort(self, request_id: str) -> bool:
         """Release the reservation now (idempotent). Thread-safe."""
 
+    def discard(self, request_id: str) -> bool:
+        """The owner gives the request up (see ``ReservationTable.discard``): True while the
+        reservation is held (its release callback frees the blocks), False when the owner
+        must free them itself. Thread-safe."""
+
     def num_reservations(self) -> int: ...
 
     async def close(self) -> None:

@@ -126,7 +126,7 @@ def _router_options(a: argparse.Namespace) -> Any:
     )
 
 
-def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
+def _run_router(a: argparse.Namespace, backend: Any, mode: str, on_drain: Any = None) -> int:
     import asyncio
 
     from router.server import serve_router
@@ -139,7 +139,7 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drain))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -178,6 +178,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         serve_kv_transport,
         start_worker,
         stop_workers,
+        terminate,
         wait_healthy,
     )
     from router.disaggregated_backend import DisaggregatedBackend
@@ -190,7 +191,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             return int(sock.getsockname()[1])
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
-    common = engine_argv(a)
+    common = [*engine_argv(a), "--shutdown-grace-s", str(a.shutdown_grace_s)]
     if a.served_model_name:
         common += ["--served-model-name", a.served_model_name]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
@@ -209,6 +210,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     *common,
                     "--kv-transport",
                     transport,
+                    "--kv-lease-s",
+                    str(a.kv_lease_s),
                     "--metrics-port",
                     str(a.decode_metrics_port),
                 ],
@@ -242,13 +245,15 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
         )
-        return _run_router(a, backend, "disaggregated")
+        # The workers drain alongside the router (Ctrl-C signals all three at once anyway).
+        return _run_router(a, backend, "disaggregated", on_drain=lambda: terminate(procs))
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        stop_workers(procs)
+        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
@@ -264,6 +269,7 @@ def _cmd_router(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -284,7 +290,20 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
     )
     api.add_argument("--retry-after-s", type=float, default=1.0, help="retry hint when busy")
     api.add_argument("--served-model-name", default=None, help="default: the model folder name")
-    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    api.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=5.0,
+        help="on SIGTERM/Ctrl-C, requests in flight get this long to finish (then a clear "
+        "error); new ones are refused at once",
+    )
+    api.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=10.0,
+        help="fail a request whose decode worker sends neither a token nor a heartbeat "
+        "(every ~1 s) for this long",
+    )
     api.add_argument(
         "--local-prefill-max-tokens",
         type=int,
@@ -321,6 +340,12 @@ def _add_serve_parser(sub: Any) -> None:
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
     workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
     workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
+    workers.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=10.0,
+        help="decode releases a reservation prefill neither writes nor renews for this long",
+    )
     workers.add_argument(
         "--decode-metrics-port", type=int, default=0, help="0 = any free port, -1 = off"
     )

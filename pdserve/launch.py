@@ -109,10 +109,16 @@ def wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -
     raise TimeoutError(f"worker at {target} not healthy within {timeout_s:.0f}s")
 
 
-def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+def terminate(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running: each drains and exits by itself."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
+
+
+def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+    """Terminate the workers and wait; SIGKILL one still alive after ``timeout_s``."""
+    terminate(procs)
     deadline = time.monotonic() + timeout_s
     for p in procs:
         try:

@@ -11,11 +11,12 @@ from pathlib import Path
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from kv_transfer import KVSender
+from kv_transfer import KVSender, release_transports
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.worker_process import (
     add_worker_args,
+    drain,
     metrics_port_of,
     prepare_worker_process,
     start_grpc_server,
@@ -34,15 +35,20 @@ async def serve(
     port: int,
     metrics_port: int | None = 0,
     model_name: str | None = None,
+    shutdown_grace_s: float = 5.0,
+    kv_host: str = "127.0.0.1",
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
-    None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
+    None = off). ``model_name``: the ``model`` label (default: the model folder's name).
+    ``kv_host``: the interface of any KV transport listener (UCX connects back to one).
+    On SIGINT/SIGTERM it drains: NOT_SERVING at once, prefills in flight (and those of
+    requests already started) get ``shutdown_grace_s``, then end with UNAVAILABLE."""
     engine = LLMEngine(config)
     progress = ProgressRouter()
     aengine = AsyncEngine(engine, on_step=progress.on_step)
-    sender = KVSender(engine.kv_spec, engine.kv_cache.pool)
+    sender = KVSender(engine.kv_spec, engine.kv_cache.pool, host=kv_host)
     servicer = PrefillWorkerService(aengine, progress, sender)
-    server, bound = await start_grpc_server(
+    server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
     )
     print(f"prefill worker: grpc {host}:{bound}", flush=True)
@@ -59,10 +65,12 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"prefill worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    await drain(servicer.drain, health, shutdown_grace_s)
     if metrics is not None:
         metrics.close()
-    await server.stop(grace=2.0)
+    await server.stop(grace=0.5)  # drained: nothing is left to finish
     await sender.close()
+    await release_transports()
     await asyncio.to_thread(aengine.shutdown)
 
 
@@ -71,8 +79,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="pdserve prefill", description="run a prefill worker")
     add_worker_args(p, default_port=50071)
+    p.add_argument("--kv-host", default="127.0.0.1", help="interface of KV listeners (UCX)")
     a = p.parse_args(argv)
     prepare_worker_process()
     config = EngineConfig(model=a.model, **engine_options(a))
-    asyncio.run(serve(config, a.host, a.port, metrics_port_of(a), a.served_model_name))
+    asyncio.run(
+        serve(
+            config,
+            a.host,
+            a.port,
+            metrics_port_of(a),
+            a.served_model_name,
+            a.shutdown_grace_s,
+            a.kv_host,
+        )
+    )
     return 0

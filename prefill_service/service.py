@@ -29,7 +29,8 @@ from engine.outputs import PrefillProgress, RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError
 from pdserve.wire import sampling_params_from_proto
-from pdserve.worker_process import integrity_error
+from pdserve.worker_process import Drain, integrity_error
+from prefill_service.lease import keep_alive
 from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
@@ -81,17 +82,22 @@ async def _last_output(stream: AsyncGenerator[RequestOutput, None]) -> RequestOu
 
 
 async def _next_progress(
-    queue: asyncio.Queue[PrefillProgress], final_task: asyncio.Future[RequestOutput]
+    queue: asyncio.Queue[PrefillProgress],
+    final_task: asyncio.Future[RequestOutput],
+    lease: asyncio.Future[None],
 ) -> PrefillProgress:
-    """The next progress report; re-raises at once if the engine side failed first."""
+    """The next progress report; re-raises at once if the engine side failed first or the
+    lease could not be kept (decode released the reservation)."""
     if not queue.empty():
         return queue.get_nowait()
     getter: asyncio.Future[PrefillProgress] = asyncio.ensure_future(queue.get())
-    waiting: set[asyncio.Future[Any]] = {getter, final_task}
+    waiting: set[asyncio.Future[Any]] = {getter, final_task, lease}
     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if getter.done():
         return getter.result()
     getter.cancel()
+    if lease.done():
+        lease.result()  # raises why the lease ended
     final_task.result()  # raises the engine-side error (e.g. ValueError for a bad prompt)
     if not queue.empty():
         return queue.get_nowait()
@@ -104,10 +110,20 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         self._progress = progress
         self._sender = sender
         self._queued_tokens = 0
+        # A draining prefill worker still takes prefills: each is for a request the cluster
+        # has started (decode holds its blocks). Routers stop sending new ones (GetLoad).
+        self.drain = Drain("prefill worker")
         # TTFT stage "kv_transfer": first token sampled -> decode acknowledged the last blocks.
         self.kv_transfer_seconds = Histogram(LATENCY_BUCKETS_S)
 
     async def Prefill(
+        self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.PrefillResponse:
+        async with self.drain.serving(request.request_id, context, admit_while_draining=True):
+            return await self._prefill(request, context)
+        raise AssertionError("unreachable")
+
+    async def _prefill(
         self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> wpb.PrefillResponse:
         started = time.monotonic()
@@ -130,6 +146,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
         queue = self._progress.register(rid)
         self._queued_tokens += len(ids)
+        lease = asyncio.ensure_future(keep_alive(transfer, self._engine))
 
         def start(e: LLMEngine) -> list[RequestOutput]:
             e.add_request(
@@ -148,7 +165,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         final_task = asyncio.ensure_future(_last_output(self._engine.attach(rid, start)))
         try:
             while True:
-                progress = await _next_progress(queue, final_task)
+                progress = await _next_progress(queue, final_task, lease)
                 total = len(ticket.block_ids)
                 ready = (
                     range(total)
@@ -165,6 +182,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
                     continue
                 prompt_done = time.monotonic()
                 final = await final_task
+                lease.cancel()  # the last message renews it, and completes the reservation
                 assert progress.first_token_id is not None
                 logprob = 0.0
                 top: list[gpb.TopLogprob] = []
@@ -188,17 +206,20 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
                 )
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except KVTransferError as e:
+        except (KVTransferError, TimeoutError) as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
         finally:
             self._queued_tokens -= len(ids)
             self._progress.unregister(rid)
+            lease.cancel()
             if not final_task.done():
                 final_task.cancel()
-            if not finished:
-                await transfer.abort("prefill did not finish")
-            # Held blocks go back to the pool only now: nothing reads them any more.
-            self._engine.abort(rid)
+            try:
+                if not finished:
+                    await transfer.abort("prefill did not finish")
+            finally:
+                # Held blocks go back to the pool only now: nothing reads them any more.
+                self._engine.abort(rid)
         raise AssertionError("unreachable")
 
     @property
@@ -217,6 +238,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             num_waiting_requests=s.num_waiting,
             num_queued_prefill_tokens=self._queued_tokens,
             num_reservations=self._sender.num_active_transfers,
+            draining=self.drain.is_draining,
         )
         if request.check_integrity:
             load.integrity_checked = True
