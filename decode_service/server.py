@@ -15,6 +15,7 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import create_receiver, release_transports, resolve_transport
 from kv_transfer.receiver import DEFAULT_LEASE_S
+from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.worker_process import (
@@ -123,4 +124,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.shutdown_grace_s,
         )
     )
+    exit_now(0)
     return 0

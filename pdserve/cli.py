@@ -139,7 +139,7 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str, on_drain: Any = 
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drain))
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -178,7 +178,6 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         serve_kv_transport,
         start_worker,
         stop_workers,
-        terminate,
         wait_healthy,
     )
     from router.disaggregated_backend import DisaggregatedBackend
@@ -247,13 +246,14 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             local_prefill_max_tokens=a.local_prefill_max_tokens,
             stall_timeout_s=a.stall_timeout_s,
         )
-        # The workers drain alongside the router (Ctrl-C signals all three at once anyway).
-        return _run_router(a, backend, "disaggregated", on_drain=lambda: terminate(procs))
+        # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
+        # then the workers, with nothing left in flight, stop at once.
+        return _run_router(a, backend, "disaggregated")
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)
+        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)  # idle: they stop at once
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
@@ -403,7 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(argv[1:])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    code = int(args.func(args))
+    if args.command in ("serve", "router"):
+        from pdserve.fast_exit import exit_now
+
+        exit_now(code)  # stopped and drained (workers too): skip seconds of torch teardown
+    return code
 
 
 if __name__ == "__main__":

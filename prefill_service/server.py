@@ -12,6 +12,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import KVSender, release_transports
+from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.worker_process import (
@@ -94,4 +95,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.kv_host,
         )
     )
+    exit_now(0)
     return 0

@@ -59,16 +59,14 @@ async def serve_router(
     options: ServerOptions,
     on_ready: Callable[[str, str], None] | None = None,
     metrics: RouterMetrics | None = None,
-    on_drain: Callable[[], None] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then drain: gRPC health NOT_SERVING and HTTP /health 503
     at once, new requests refused (503 / UNAVAILABLE), requests in flight given
     ``options.shutdown_grace_s`` to finish and then failed with a clear error; then stop both
     servers and close the backend.
 
-    ``on_ready(grpc_address, http_url)`` is called once both servers listen; ``on_drain()``
-    when the drain begins (``pdserve serve`` tells its workers to drain alongside).
-    ``metrics`` (default: role "router", no SLOs) is served at ``/metrics`` on the HTTP port.
+    ``on_ready(grpc_address, http_url)`` is called once both servers listen. ``metrics``
+    (default: role "router", no SLOs) is served at ``/metrics`` on the HTTP port.
     """
     await backend.start()
     router = Router(backend, Admission(options.max_queue, options.retry_after_s), metrics)
@@ -107,8 +105,6 @@ async def serve_router(
     finally:
         logger.info("draining for up to %.1fs", options.shutdown_grace_s)
         router.begin_drain(options.shutdown_grace_s)
-        if on_drain is not None:
-            on_drain()
         await grpc_server.health.enter_graceful_shutdown()
         # Each request in flight ends by the grace (its stream gets the error by then).
         await router.wait_idle(options.shutdown_grace_s + 1.0)
