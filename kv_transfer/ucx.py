@@ -284,6 +284,7 @@ class UcxChannel:
             frame.push.payload_tag = (self._sender_id << 32) | (first & _TAG_MASK)
         reply: asyncio.Future[pb.KVFrame] = self._loop.create_future()
         self._replies[seq] = reply
+        payload_posted = False
         try:
             async with asyncio.timeout(timeout):
                 await self._ep.send(_pack(frame), tag=CONTROL_TAG, force_tag=True)
@@ -296,6 +297,7 @@ class UcxChannel:
                 reply = self._loop.create_future()
                 self._replies[seq] = reply
                 tag = frame.push.payload_tag
+                payload_posted = True
                 await asyncio.gather(
                     *(
                         self._ep.send(span, tag=tag + k, force_tag=True)
@@ -304,8 +306,10 @@ class UcxChannel:
                 )
                 return await reply
         except TimeoutError as e:
-            # Sends may still be posted: abort the endpoint so UCX stops reading the pool.
-            self._fail(TransferTimeoutError(f"no reply within {timeout:.1f}s"))
+            if payload_posted:
+                # Sends may still be posted: abort the endpoint so UCX stops reading the pool.
+                self._fail(TransferTimeoutError(f"no reply within {timeout:.1f}s"))
+            # A control message alone reads only its own buffer: a late reply is dropped.
             raise TransferTimeoutError(f"no reply within {timeout:.1f}s") from e
         except asyncio.CancelledError:
             # Only close() cancels an exchange (it failed the channel first).
@@ -385,5 +389,9 @@ class UcxConnector:
             raise PeerLostError(f"cannot reach {endpoint[:40]}...: {e!r}") from e
         hello.reply_address = bytes(ucxx.get_worker_address())
         channel = UcxChannel(ucxx, ep, hello.sender_id)
-        await channel.handshake(hello, timeout)
+        try:
+            await channel.handshake(hello, timeout)
+        except BaseException:
+            await channel.close()  # its reader task and endpoint go with it
+            raise
         return channel

@@ -92,10 +92,14 @@ async def _next_progress(
         return queue.get_nowait()
     getter: asyncio.Future[PrefillProgress] = asyncio.ensure_future(queue.get())
     waiting: set[asyncio.Future[Any]] = {getter, final_task, lease}
-    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            getter.cancel()  # a cancelled get leaves its item in the queue
+            await asyncio.gather(getter, return_exceptions=True)
+    if not getter.cancelled():
         return getter.result()
-    getter.cancel()
     if lease.done():
         lease.result()  # raises why the lease ended
     final_task.result()  # raises the engine-side error (e.g. ValueError for a bad prompt)

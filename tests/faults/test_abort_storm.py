@@ -6,7 +6,7 @@ about 40% given up at a random moment (task cancelled mid-call: the HTTP connect
 the gRPC call is cancelled; an HTTP client read timeout; a gRPC deadline; the request's own
 HTTP ``timeout``). Afterwards every request that was not given up has its full output, equal to
 HF's greedy tokens; no HTTP stream ended without ``[DONE]``; every pool is fully free with its
-invariants holding; and the router logged no broken callback or task.
+invariants holding; and no process logged a broken callback or task.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_abort_storm_leaks_nothing_and_breaks_no_other_request(llama: Path, tran
     ) as cluster:
         outcomes = _storm(cluster.router.grpc_address, cluster.url, plans)
         cluster.wait_pools_free()
-        logs = "".join(cluster.router.lines)
+        logs = cluster.logs()
     problems = []
     for plan, out in zip(plans, outcomes, strict=True):
         if plan.give_up is None:
@@ -159,11 +159,12 @@ def test_abort_storm_leaks_nothing_and_breaks_no_other_request(llama: Path, tran
     assert not problems, "\n".join(problems)
     # Completed outputs are the uninterrupted greedy run's (a sample: HF is slow on long ones).
     completed = [
-        (p, o) for p, o in zip(plans, outcomes, strict=True) if p.api == "grpc" and not o.error
+        (p, o)
+        for p, o in zip(plans, outcomes, strict=True)
+        if p.api == "grpc" and p.give_up is None and len(p.prompt) <= 600
     ]
-    for plan, out in completed[:12]:
-        if out.cancelled:
-            continue
+    assert len(completed) >= 8
+    for plan, out in completed[:8]:
         assert out.token_ids == hf_greedy(llama, plan.prompt, plan.max_tokens), plan.index
     broken = [line for line in logs.splitlines() if any(b in line for b in BROKEN)]
     assert not broken, "\n".join(broken[:10])

@@ -27,3 +27,13 @@ def test_kv_receiver_listens_on_loopback_only(transport: str) -> None:
         child.close()
     assert addresses, "the receiver listens nowhere"
     assert all(is_loopback(a) for a in addresses), addresses
+
+
+def test_interface_of_a_host() -> None:
+    from kv_transfer.netif import interface_of
+
+    lo = interface_of("127.0.0.1")
+    assert lo is not None and interface_of("localhost") == lo and interface_of("127.0.0.9") == lo
+    assert interface_of("0.0.0.0") is None and interface_of("::") is None
+    with pytest.raises(ValueError, match="no network interface"):
+        interface_of("192.0.2.254")  # TEST-NET-1: on no interface of a test machine

@@ -163,3 +163,26 @@ def test_reserve_validates_ids(table):
 def test_tokens_are_unguessable(table):
     tokens = {table.reserve(f"r{i}", [i])[0] for i in range(8)}
     assert len(tokens) == 8
+
+
+def test_discard_says_who_frees_the_blocks(table, owner):
+    # Live: released now, the owner's callback frees the blocks.
+    table.reserve("live", [1, 2])
+    assert table.discard("live") is True
+    assert owner.released[-1][0] == "live"
+    # Releasing with a write in flight: still the table's (the callback comes when it stops).
+    token, _ = table.reserve("busy", [3, 4])
+    grant = table.begin_write("busy", token, [0], [3], peer="p")
+    assert table.abort("busy") is True
+    assert table.discard("busy") is True
+    assert all(r[0] != "busy" for r in owner.released)
+    table.end_write(grant, ok=True)
+    assert owner.released[-1][0] == "busy"
+    # Completed, released, or never reserved: the caller's.
+    token, _ = table.reserve("done", [5])
+    table.end_write(table.begin_write("done", token, [0], [5], peer="p", is_last=True), ok=True)
+    assert owner.completed[-1].request_id == "done"
+    assert table.discard("done") is False
+    assert table.discard("live") is False
+    assert table.discard("never") is False
+    table.check_integrity()
