@@ -3,7 +3,8 @@
 Decode reserves a request's blocks when the request arrives; the prompt may then wait in
 prefill's queue for much longer than decode's lease. Prefill renews the lease while the request
 waits and computes, so a long queue is never a reason to fail; and a request that finds no free
-decode blocks waits in decode's queue instead of being refused.
+decode blocks waits in decode's queue instead of being refused. Both queues outlast the
+router's stall timeout too: decode's heartbeats tell waiting from stalled.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.hf_oracle import hf_greedy
 pytestmark = pytest.mark.timeout(240)
 
 LEASE_S = 1.0
+STALL = ["--stall-timeout-s", "3"]  # shorter than the queues below
 MAX_TOKENS = 6
 
 
@@ -46,13 +48,14 @@ def _assert_all_match_hf(model: Path, prompts: list[list[int]], outs: list[Outco
 
 
 def test_a_prefill_queue_longer_than_the_lease_fails_nothing(llama: Path) -> None:
-    # Prefill computes 8 tokens a step: 24 prompts of 100-300 tokens keep it busy for several
-    # leases, while decode has room for all of them at once.
+    # Prefill computes 4 tokens a step: 24 prompts of 100-300 tokens keep it busy for several
+    # leases (and stall timeouts), while decode has room for all of them at once.
     prompts = random_prompts(24, 800, 100, 300, seed=120)
     with start_cluster(
         llama,
+        router_args=STALL,
         decode_args=["--kv-lease-s", str(LEASE_S)],
-        prefill_args=["--max-num-batched-tokens", "8"],
+        prefill_args=["--max-num-batched-tokens", "4"],
         num_kv_blocks=512,
     ) as cluster:
         _assert_all_match_hf(llama, prompts, _run_all(cluster.router.grpc_address, prompts))
@@ -63,7 +66,7 @@ def test_requests_wait_for_decode_blocks_instead_of_failing(llama: Path) -> None
     # Decode's 40 blocks hold 2-6 of these requests at once: the others wait for blocks.
     prompts = random_prompts(16, 800, 100, 300, seed=121)
     with start_cluster(
-        llama, decode_args=["--kv-lease-s", str(LEASE_S)], num_kv_blocks=40
+        llama, router_args=STALL, decode_args=["--kv-lease-s", str(LEASE_S)], num_kv_blocks=40
     ) as cluster:
         _assert_all_match_hf(llama, prompts, _run_all(cluster.router.grpc_address, prompts))
         cluster.wait_pools_free()
