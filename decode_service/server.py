@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from decode_service.block_queue import BlockQueue
+from decode_service.heartbeat import HEARTBEAT_S
 from decode_service.service import DecodeOwner, DecodeWorkerService
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
@@ -43,12 +44,14 @@ async def serve(
     model_name: str | None = None,
     kv_lease_s: float = DEFAULT_LEASE_S,
     shutdown_grace_s: float = 5.0,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
     ``kv_lease_s``: how long a reservation lives without a write or a renewal from prefill.
-    On SIGINT/SIGTERM it drains: NOT_SERVING at once, new requests refused, those in flight
-    get ``shutdown_grace_s``, then end with UNAVAILABLE."""
+    ``heartbeat_s``: a quiet stream sends a heartbeat this often (the router's stall timeout
+    must be well above it). On SIGINT/SIGTERM it drains: NOT_SERVING at once, new requests
+    refused, those in flight get ``shutdown_grace_s``, then end with UNAVAILABLE."""
     engine = LLMEngine(config)
     owner = DecodeOwner()
     blocks = BlockQueue()
@@ -64,7 +67,7 @@ async def serve(
     )
     await receiver.start()
     aengine = AsyncEngine(engine, on_step=blocks.serve)
-    servicer = DecodeWorkerService(aengine, receiver, owner, kind, blocks)
+    servicer = DecodeWorkerService(aengine, receiver, owner, kind, blocks, heartbeat_s)
     server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
     )
@@ -105,9 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_LEASE_S,
         help="a reservation is released when prefill neither writes nor renews it for this long",
     )
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=HEARTBEAT_S,
+        help="a stream with nothing to send sends a heartbeat this often (keep the router's "
+        "--stall-timeout-s well above it)",
+    )
     a = p.parse_args(argv)
-    if a.kv_lease_s <= 0:
-        p.error(f"--kv-lease-s must be positive, got {a.kv_lease_s}")
+    for flag in ("kv_lease_s", "heartbeat_s"):
+        if getattr(a, flag) <= 0:
+            p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
     prepare_worker_process()
     config = EngineConfig(model=a.model, **engine_options(a))
     asyncio.run(
@@ -122,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.served_model_name,
             a.kv_lease_s,
             a.shutdown_grace_s,
+            a.heartbeat_s,
         )
     )
     exit_now(0)

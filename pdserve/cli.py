@@ -302,7 +302,7 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         help="fail a request whose decode worker sends neither a token nor a heartbeat "
-        "(every ~1 s) for this long",
+        "(every --heartbeat-s, 1 s by default) for this long",
     )
     api.add_argument(
         "--local-prefill-max-tokens",

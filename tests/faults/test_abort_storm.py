@@ -26,8 +26,7 @@ from tests.engine.engine_utils import random_prompts
 from tests.faults.clients import Outcome, grpc_generate, http_stream
 from tests.faults.cluster import start_cluster
 from tests.hf_oracle import hf_greedy
-
-pytestmark = pytest.mark.timeout(300)
+from tests.sockets import is_loopback, listening_addresses
 
 NUM_REQUESTS = 120
 MAX_IN_FLIGHT = 24
@@ -144,6 +143,10 @@ def test_abort_storm_leaks_nothing_and_breaks_no_other_request(llama: Path, tran
         outcomes = _storm(cluster.router.grpc_address, cluster.url, plans)
         cluster.wait_pools_free()
         logs = cluster.logs()
+        # Defect 9: every listener of every process, the KV transports' too, is on loopback.
+        for proc in (cluster.router.process, *(w.proc for w in cluster.workers)):
+            addresses = listening_addresses(proc.pid)
+            assert addresses and all(is_loopback(a) for a in addresses), addresses
     problems = []
     for plan, out in zip(plans, outcomes, strict=True):
         if plan.give_up is None:

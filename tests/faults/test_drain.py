@@ -15,14 +15,11 @@ from pathlib import Path
 
 import grpc
 import httpx
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.faults.clients import Outcome, http_stream
 from tests.faults.cluster import start_cluster
 from tests.router.server_harness import start_server
-
-pytestmark = pytest.mark.timeout(240)
 
 GRACE_S = 3.0
 EXIT_SLACK_S = 2.0  # the bound: every process gone within grace + 2 s

@@ -4,18 +4,18 @@ Decode reserves a request's blocks when the request arrives; the prompt may then
 prefill's queue for much longer than decode's lease. Prefill renews the lease while the request
 waits and computes, so a long queue is never a reason to fail; and a request that finds no free
 decode blocks waits in decode's queue instead of being refused. Both queues outlast the
-router's stall timeout too: decode's heartbeats tell waiting from stalled.
+router's stall timeout: decode's heartbeats tell waiting from stalled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
 import grpc
-import pytest
 
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.engine.engine_utils import random_prompts
@@ -23,20 +23,25 @@ from tests.faults.clients import Outcome, grpc_generate
 from tests.faults.cluster import start_cluster
 from tests.hf_oracle import hf_greedy
 
-pytestmark = pytest.mark.timeout(240)
-
 LEASE_S = 1.0
-STALL = ["--stall-timeout-s", "3"]  # shorter than the queues below
+# Decode heartbeats every 0.25 s here, so a 1.5 s stall timeout is generous yet shorter than the
+# prefill queue below: a request that waits longer without a token must still not "stall".
+HEARTBEAT = ["--heartbeat-s", "0.25"]
+STALL_S = 1.5
 MAX_TOKENS = 6
 
 
-def _run_all(address: str, prompts: list[list[int]]) -> list[Outcome]:
+def _run_all(address: str, prompts: list[list[int]]) -> tuple[list[Outcome], float]:
+    """Every prompt at once; the outcomes and the seconds until the last one ended."""
+
     async def run() -> list[Outcome]:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
             return await asyncio.gather(*(grpc_generate(stub, p, MAX_TOKENS) for p in prompts))
 
-    return asyncio.run(run())
+    start = time.monotonic()
+    outs = asyncio.run(run())
+    return outs, max(o.ended_at for o in outs) - start
 
 
 def _assert_all_match_hf(model: Path, prompts: list[list[int]], outs: list[Outcome]) -> None:
@@ -48,17 +53,21 @@ def _assert_all_match_hf(model: Path, prompts: list[list[int]], outs: list[Outco
 
 
 def test_a_prefill_queue_longer_than_the_lease_fails_nothing(llama: Path) -> None:
-    # Prefill computes 4 tokens a step: 24 prompts of 100-300 tokens keep it busy for several
-    # leases (and stall timeouts), while decode has room for all of them at once.
+    # Prefill computes 8 tokens a step: 24 prompts of 100-300 tokens keep it busy for several
+    # leases, while decode has room for all of them at once.
     prompts = random_prompts(24, 800, 100, 300, seed=120)
     with start_cluster(
         llama,
-        router_args=STALL,
-        decode_args=["--kv-lease-s", str(LEASE_S)],
-        prefill_args=["--max-num-batched-tokens", "4"],
+        router_args=["--stall-timeout-s", str(STALL_S)],
+        decode_args=["--kv-lease-s", str(LEASE_S), *HEARTBEAT],
+        prefill_args=["--max-num-batched-tokens", "8"],
         num_kv_blocks=512,
     ) as cluster:
-        _assert_all_match_hf(llama, prompts, _run_all(cluster.router.grpc_address, prompts))
+        outs, seconds = _run_all(cluster.router.grpc_address, prompts)
+        _assert_all_match_hf(llama, prompts, outs)
+        # The premise: the queue outlasted the lease and the stall timeout (on a 2-core VM it
+        # takes several seconds).
+        assert seconds > max(LEASE_S, STALL_S), f"the queue lasted only {seconds:.1f}s"
         cluster.wait_pools_free()
 
 
@@ -66,7 +75,11 @@ def test_requests_wait_for_decode_blocks_instead_of_failing(llama: Path) -> None
     # Decode's 40 blocks hold 2-6 of these requests at once: the others wait for blocks.
     prompts = random_prompts(16, 800, 100, 300, seed=121)
     with start_cluster(
-        llama, router_args=STALL, decode_args=["--kv-lease-s", str(LEASE_S)], num_kv_blocks=40
+        llama,
+        router_args=["--stall-timeout-s", str(STALL_S)],
+        decode_args=["--kv-lease-s", str(LEASE_S), *HEARTBEAT],
+        num_kv_blocks=40,
     ) as cluster:
-        _assert_all_match_hf(llama, prompts, _run_all(cluster.router.grpc_address, prompts))
+        outs, _ = _run_all(cluster.router.grpc_address, prompts)
+        _assert_all_match_hf(llama, prompts, outs)
         cluster.wait_pools_free()

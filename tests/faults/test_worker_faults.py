@@ -17,13 +17,10 @@ from pathlib import Path
 
 import grpc
 import httpx
-import pytest
 
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.faults.clients import Outcome, grpc_generate, http_complete, http_stream
 from tests.faults.cluster import Cluster, start_cluster
-
-pytestmark = pytest.mark.timeout(240)
 
 PROMPT = list(range(40, 80))  # 40 tokens: remote prefill (the router's threshold is 0)
 STALL_S = 4.0  # decode heartbeats every ~1 s; generous for a loaded machine
