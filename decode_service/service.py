@@ -208,11 +208,12 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
 
             admitted = True  # from here on the engine stream owns the request (attach aborts)
             arrived = time.monotonic()
-            async for o in self._engine.attach(rid, admit):
-                if arrived:
-                    self.admission_seconds.observe(time.monotonic() - arrived)
-                    arrived = 0.0
-                await out.write(_output(o))
+            async with aclosing(self._engine.attach(rid, admit)) as stream:
+                async for o in stream:
+                    if arrived:
+                        self.admission_seconds.observe(time.monotonic() - arrived)
+                        arrived = 0.0
+                    await out.write(_output(o))
         finally:
             self._owner.forget(rid)
             if not admitted and not self._receiver.discard(rid):

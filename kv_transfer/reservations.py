@@ -202,17 +202,13 @@ class ReservationTable:
         return True
 
     def discard(self, request_id: str) -> bool:
-        """The owner gives the request up: release its reservation if it is live. Returns True
-        while the table holds the reservation (live, or releasing until a write in flight
-        stops): ``on_reservation_released`` then frees the blocks (maybe already has). False
-        when the table holds nothing for the request (never reserved, completed, or released
-        and reported): whatever the owner allocated is the owner's to free now. Atomic, so
-        the answer cannot go stale between the check and the release."""
+        """The owner gives the request up (atomic). True while the table holds it (released
+        now, or when its write stops): the release callback frees the blocks. False when it
+        holds nothing (never reserved, completed, released): the owner frees them."""
         with self._lock:
-            r = self._reservations.get(request_id)
-            if r is None:
+            if (r := self._reservations.get(request_id)) is None:
                 return False
-            done = self._start_release(r, ReleaseReason.ABORTED) if r.release_reason is None else []
+            done = [] if r.release_reason else self._start_release(r, ReleaseReason.ABORTED)
         self._notify(done)
         return True
 

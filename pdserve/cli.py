@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 
@@ -126,7 +126,9 @@ def _router_options(a: argparse.Namespace) -> Any:
     )
 
 
-def _run_router(a: argparse.Namespace, backend: Any, mode: str, on_drain: Any = None) -> int:
+def _run_router(
+    a: argparse.Namespace, backend: Any, mode: str, on_drained: Callable[[], None] | None = None
+) -> int:
     import asyncio
 
     from router.server import serve_router
@@ -139,7 +141,7 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str, on_drain: Any = 
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drained))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -178,6 +180,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         serve_kv_transport,
         start_worker,
         stop_workers,
+        terminate,
         wait_healthy,
     )
     from router.disaggregated_backend import DisaggregatedBackend
@@ -247,8 +250,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             stall_timeout_s=a.stall_timeout_s,
         )
         # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
-        # then the workers, with nothing left in flight, stop at once.
-        return _run_router(a, backend, "disaggregated")
+        # then the workers, with nothing left in flight, stop alongside the router's servers.
+        return _run_router(a, backend, "disaggregated", on_drained=lambda: terminate(procs))
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

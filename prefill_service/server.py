@@ -67,12 +67,14 @@ async def serve(
         print(f"prefill worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
     await drain(servicer.drain, health, shutdown_grace_s)
-    if metrics is not None:
-        metrics.close()
-    await server.stop(grace=0.5)  # drained: nothing is left to finish
+    # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
+    closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
+    await server.stop(grace=0.5)
     await sender.close()
     await release_transports()
     await asyncio.to_thread(aengine.shutdown)
+    if closing is not None:
+        await closing
 
 
 def main(argv: Sequence[str] | None = None) -> int:

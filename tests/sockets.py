@@ -45,4 +45,9 @@ def listening_addresses(pid: int) -> list[str]:
 
 
 def is_loopback(address: str) -> bool:
-    return ipaddress.ip_address(address.rsplit(":", 1)[0]).is_loopback
+    """For ``host:port``; an IPv4-mapped IPv6 address (gRPC's dual-stack sockets) counts as
+    the IPv4 address it maps."""
+    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
