@@ -216,6 +216,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             self._queued_tokens -= len(ids)
             self._progress.unregister(rid)
             lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)  # nothing left unretrieved
             if not final_task.done():
                 final_task.cancel()
             try:
