@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pdserve.options import add_engine_args, config_to_argv, engine_config_from_args
@@ -80,7 +80,9 @@ def _router_options(a: argparse.Namespace) -> Any:
     )
 
 
-def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
+def _run_router(
+    a: argparse.Namespace, backend: Any, mode: str, on_drained: Callable[[], None] | None = None
+) -> int:
     import asyncio
 
     from router.server import serve_router
@@ -93,7 +95,7 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drained))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -131,6 +133,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         serve_kv_transport,
         start_worker,
         stop_workers,
+        terminate,
         wait_healthy,
     )
     from router.disaggregated_backend import DisaggregatedBackend
@@ -143,7 +146,11 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             return int(sock.getsockname()[1])
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
-    common = config_to_argv(engine_config_from_args(a), exclude=("model",))
+    common = [
+        *config_to_argv(engine_config_from_args(a), exclude=("model",)),
+        "--shutdown-grace-s",
+        str(a.shutdown_grace_s),
+    ]
     if a.served_model_name:  # the workers' metrics label: the first name
         common += ["--served-model-name", a.served_model_name[0]]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
@@ -162,6 +169,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     *common,
                     "--kv-transport",
                     transport,
+                    "--kv-lease-s",
+                    str(a.kv_lease_s),
                     "--metrics-port",
                     str(a.decode_metrics_port),
                 ],
@@ -195,13 +204,16 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
         )
-        return _run_router(a, backend, "disaggregated")
+        # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
+        # then the workers, with nothing left in flight, stop alongside the router's servers.
+        return _run_router(a, backend, "disaggregated", on_drained=lambda: terminate(procs))
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        stop_workers(procs)
+        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)  # idle: they stop at once
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
@@ -217,6 +229,7 @@ def _cmd_router(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -243,7 +256,20 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="a name clients use for the model (repeat for aliases; the first is the primary; "
         "the --model path is accepted too); default: the model folder name",
     )
-    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    api.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=5.0,
+        help="on SIGTERM/Ctrl-C, requests in flight get this long to finish (then a clear "
+        "error); new ones are refused at once",
+    )
+    api.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=10.0,
+        help="fail a request whose decode worker sends neither a token nor a heartbeat "
+        "(every --heartbeat-s, 1 s by default) for this long",
+    )
     api.add_argument(
         "--local-prefill-max-tokens",
         type=int,
@@ -280,6 +306,12 @@ def _add_serve_parser(sub: Any) -> None:
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
     workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
     workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
+    workers.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=10.0,
+        help="decode releases a reservation prefill neither writes nor renews for this long",
+    )
     workers.add_argument(
         "--decode-metrics-port", type=int, default=0, help="0 = any free port, -1 = off"
     )
@@ -337,7 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(argv[1:])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    code = int(args.func(args))
+    if args.command in ("serve", "router"):
+        from pdserve.fast_exit import exit_now
+
+        exit_now(code)  # stopped and drained (workers too): skip seconds of torch teardown
+    return code
 
 
 if __name__ == "__main__":
