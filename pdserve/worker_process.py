@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.options import add_engine_args
+from pdserve.worker_control_args import add_control_args
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
@@ -36,6 +37,7 @@ def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
         help="on SIGTERM, requests in flight get this long to finish (then UNAVAILABLE)",
     )
     add_engine_args(p)
+    add_control_args(p)
 
 
 def metrics_port_of(a: argparse.Namespace) -> int | None:
@@ -52,13 +54,21 @@ def prepare_worker_process() -> None:
 
 
 async def start_grpc_server(
-    add_servicer: Any, servicer: Any, service_name: str, host: str, port: int
+    add_servicer: Any,
+    servicer: Any,
+    service_name: str,
+    host: str,
+    port: int,
+    extra: Sequence[tuple[Any, Any]] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Serve ``servicer`` and grpc.health.v1 (SERVING for "" and ``service_name``) on
-    ``host:port`` (0 = any free port); returns the server, its bound port and the health
-    servicer (``drain`` turns it NOT_SERVING)."""
+    """Serve ``servicer`` (and each ``(add_servicer, servicer)`` of ``extra``) and
+    grpc.health.v1 (SERVING for "" and ``service_name``) on ``host:port`` (0 = any free
+    port); returns the server, its bound port and the health servicer (``drain`` turns it
+    NOT_SERVING)."""
     server = grpc.aio.server()
     add_servicer(servicer, server)
+    for add, other in extra:
+        add(other, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")

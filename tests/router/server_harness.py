@@ -119,8 +119,9 @@ def launch(pdserve_args: Sequence[str], colocated: bool) -> Server:
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
-        sys.executable, "-m", "pdserve", *pdserve_args,
+        sys.executable, "-m", "pdserve", pdserve_args[0],
         "--grpc-port", "0", "--http-port", "0", "--served-model-name", "tiny",
+        *pdserve_args[1:],  # after the harness's: a test's own --served-model-name comes second
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
