@@ -75,7 +75,7 @@ class DisaggregatedBackend:
                 raise ValueError("need at least one decode and one prefill worker")
             policy = make_policy(
                 routing_policy,
-                **_policy_options(routing_policy, local_prefill_max_tokens, block_size),
+                **policy_options(routing_policy, local_prefill_max_tokens, block_size),
             )
             cluster = ClusterRouter.static(
                 decode_targets, prefill_targets, policy, local_prefill_max_tokens, load_poll_s
@@ -346,7 +346,7 @@ class _Refused(Exception):
         self.error = error
 
 
-def _policy_options(name: str, local_prefill_max_tokens: int, block_size: int) -> dict[str, float]:
+def policy_options(name: str, local_prefill_max_tokens: int, block_size: int) -> dict[str, float]:
     """The routing policy's options from the router's flags."""
     if name != "kv_aware":
         return {"local_prefill_max_tokens": local_prefill_max_tokens}
