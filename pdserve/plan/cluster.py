@@ -211,11 +211,13 @@ class Cluster:
     def chunk_done(self, worker: EngineModel, seq: Seq, num_full_blocks: int) -> None:
         new = num_full_blocks - max(seq.sent_blocks, seq.skipped_blocks)
         if new > 0:
+            assert seq.peer is not None  # an EXPORT request knows its decode worker
             decode, _ = seq.peer
             self.links[decode.name].push(new * self.bytes_per_block)
             seq.sent_blocks = max(seq.sent_blocks, seq.skipped_blocks) + new
 
     def prompt_done(self, worker: EngineModel, seq: Seq) -> None:
+        assert seq.peer is not None
         decode, dseq = seq.peer
         total = worker.pool.blocks_for(seq.req.num_prompt)
         new = total - max(seq.sent_blocks, seq.skipped_blocks)

@@ -30,7 +30,7 @@ from pdserve.plan.cost_model import StepCost, SwapCost
 from pdserve.plan.cpu_share import Lane
 from pdserve.plan.events import EventLoop
 from pdserve.plan.kv_pool import KvPool
-from pdserve.plan.seq import EXPORT, Seq
+from pdserve.plan.seq import Seq
 from pdserve.plan.worker_settings import WorkerSettings
 
 
@@ -296,34 +296,29 @@ class EngineModel:
 
     # ------------------------------------------------------------- decode runs
     def _try_run(self) -> bool:
-        """Start a decode run if the next steps are all alike; False to plan exactly."""
-        b_ready = len(self.ready)
+        """Start a decode run if the next steps are all alike; False to plan exactly (with
+        every request where it was)."""
         if self.prefilling or self.swapped or self.stale:
             return False
         s = self.settings
-        while b_ready and len(self.running) < s.max_num_seqs:  # joins at the boundary
-            seq = self.ready[0]
-            need = self.pool.blocks_for(seq.computed) - seq.num_blocks
-            if need > 0 and not self.pool.allocate(need):
-                break
-            seq.num_blocks += max(0, need)
-            self.ready.popleft()
-            b_ready -= 1
+        joined: list[Seq] = []
+        while self.ready and len(self.running) < s.max_num_seqs:  # joins at the boundary
+            seq = self.ready.popleft()  # its blocks hold the prompt: a decode needs no more
             self.running[seq] = None
             self.start_decoding(seq)
-        if self.ready and len(self.running) < s.max_num_seqs:
-            return False
+            joined.append(seq)
         b = self.num_decoding
-        if b == 0 or b > s.max_num_batched_tokens or b != len(self.running):
-            return False
-        if self.waiting and self._can_admit_head(b):
-            return False
-        while self._finish and self._finish[0][3] != self._finish[0][2].epoch:
-            heapq.heappop(self._finish)  # stale entries of requests that left
-        k = self._finish[0][0] - self.steps
-        # A run never evicts a cached prefix: an exact step does it when it comes to that.
-        k = self.max_steps_for(k, self.pool.num_free_uncached)
+        k = 0
+        if not self.ready and 0 < b <= s.max_num_batched_tokens and b == len(self.running):
+            if not (self.waiting and self._can_admit_head(b)):
+                while self._finish and self._finish[0][3] != self._finish[0][2].epoch:
+                    heapq.heappop(self._finish)  # stale entries of requests that left
+                k = self._finish[0][0] - self.steps
+                # A run never evicts a cached prefix: an exact step does it when it must.
+                k = self.max_steps_for(k, self.pool.num_free_uncached)
         if k <= 0:
+            for seq in reversed(joined):  # back to the ready queue, as if never taken
+                self._unjoin(seq)
             return False
         context = self.sum_offset + b * (self.steps + 1)  # every context after step 1
         first = self.cost.decode_seconds(b, context)
@@ -331,6 +326,15 @@ class EngineModel:
         self._run = (k, first, slope)
         self._begin("run", k * first + slope * k * (k - 1) / 2)
         return True
+
+    def _unjoin(self, seq: Seq) -> None:
+        self.num_decoding -= 1
+        self.sum_offset -= seq.offset
+        self.residues[seq.offset % self.bs] -= 1
+        seq.is_decoding = False
+        seq.epoch += 1
+        del self.running[seq]
+        self.ready.appendleft(seq)
 
     def _can_admit_head(self, num_decode_tokens: int) -> bool:
         """Whether the scheduler would admit the first waiting request in the next step (it
@@ -405,3 +409,26 @@ class EngineModel:
             del self.running[seq]
             self.free_blocks(seq, seq.num_blocks)
             self.hooks.finished(self, seq)
+
+    # --------------------------------------------------------------- invariants
+    def check_integrity(self) -> None:
+        """Every block has an owner and the decoding aggregate matches its members (call at
+        a step boundary; tests do after every step)."""
+        self.pool.check_integrity()
+        decoding = [s for s in self.running if s.is_decoding]
+        assert len(decoding) == self.num_decoding
+        assert sum(s.offset for s in decoding) == self.sum_offset
+        res = [0] * self.bs
+        for s in decoding:
+            res[s.offset % self.bs] += 1
+        assert res == self.residues
+        assert set(self.prefilling) == {s for s in self.running if not s.is_decoding}
+        private = sum(self.blocks_of(s) - s.num_prefix_blocks for s in self.running)
+        private += sum(s.num_blocks - s.num_prefix_blocks for s in self.held)
+        private += sum(s.num_blocks - s.num_prefix_blocks for s in self.reserved)
+        private += sum(s.num_blocks - s.num_prefix_blocks for s in self.ready)
+        assert private == self.pool.num_used, (private, self.pool.num_used)
+        assert sum(s.host_blocks for s in self.swapped) == self.pool.num_host_used
+        for s in self.running:
+            assert self.blocks_of(s) >= self.pool.blocks_for(self.computed_of(s))
+        assert not any(s.num_blocks for s in self.waiting)

@@ -13,9 +13,10 @@ Two recorders, one ``Summary`` (``pdserve.bench.metrics``):
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from pdserve.bench.metrics import LatencyStats, Slo, Summary, summarize
 from pdserve.bench.records import FAILED, OK, RequestRecord
@@ -116,7 +117,7 @@ def to_record(req: SimRequest, stream_s: float) -> RequestRecord:
     rec.ttft_s = req.first_token_s + stream_s - req.arrival_s
     rec.e2e_s = req.finish_s + stream_s - req.arrival_s
     times = req.token_times or []
-    rec.itl_s = [b - a for a, b in zip(times, times[1:], strict=False)]
+    rec.itl_s = [b - a for a, b in itertools.pairwise(times)]
     rec.num_output_tokens = req.num_output
     rec.num_chunks = req.num_output
     rec.num_cached_tokens = req.num_cached_tokens
@@ -211,7 +212,7 @@ class CompactRecorder:
         )
 
 
-def _stats(values: Sequence[float]) -> LatencyStats | None:
+def _stats(values: Iterable[float]) -> LatencyStats | None:
     import numpy as np
 
     arr = np.asarray(values, dtype=np.float64)

@@ -337,9 +337,11 @@ class _Sampler:
         s.queued_prefill_tokens.append(sum(c.queued_tokens.values()))
         if len(s.t) >= self.cap:  # keep every other sample, sample half as often
             s.t = s.t[::2]
-            for d in (s.waiting, s.running, s.kv_usage):
-                for k in d:
-                    d[k] = d[k][::2]  # type: ignore[index]
+            for counts in (s.waiting, s.running):
+                for k in counts:
+                    counts[k] = counts[k][::2]
+            for k in s.kv_usage:
+                s.kv_usage[k] = s.kv_usage[k][::2]
             s.queued_prefill_tokens = s.queued_prefill_tokens[::2]
             self.interval *= 2
         if not self.client.is_done:

@@ -44,10 +44,12 @@ def admission(w: EngineModel, seq: Seq, budget: int) -> tuple[int, int, int] | N
     return hit, q, w.pool.blocks_for(need) - hit
 
 
-def preempt(w: EngineModel, victim: Seq) -> int:
-    """Take ``victim`` out of the batch (swap or recompute); returns blocks swapped out."""
+def preempt(w: EngineModel, victim: Seq, num_scheduled: int = 0) -> int:
+    """Take ``victim`` out of the batch (swap or recompute); returns blocks swapped out.
+    ``num_scheduled``: tokens it already got (and allocated blocks for) in this step."""
     if victim.is_decoding:
         w.stop_decoding(victim)
+        victim.num_blocks = w.pool.blocks_for(victim.computed + num_scheduled)
     del w.running[victim]
     w.prefilling.pop(victim, None)
     if victim.stale:
@@ -109,8 +111,9 @@ def plan_exact(w: EngineModel) -> float | None:
             candidates = [r for r in order if r.mode != EXPORT] or order
             victim = max(candidates, key=lambda r: r.engine_arrival)
             j = order.index(victim)
-            budget += qs.pop(victim, 0)
-            swapped_blocks += preempt(w, victim)
+            scheduled = qs.pop(victim, 0)
+            budget += scheduled
+            swapped_blocks += preempt(w, victim, scheduled)
             order.pop(j)
             preempted = True
             if victim is seq:
