@@ -94,6 +94,7 @@ class Cluster:
             r.dispatch_s if r.dispatch_s is not None else self.profile.overhead.dispatch_s
         )
         self.workers = {w.name: w for w in self.prefill + self.decode}
+        self._capacity = min(w.pool.num_blocks for w in self.workers.values()) * self.block_size
         self.num_routed_local = 0
         self.num_refused = 0
 
@@ -165,7 +166,7 @@ class Cluster:
         self._reserve((req, ranking, 0, choice.prefill_id))
 
     def _capacity_tokens(self) -> int:
-        return min(w.pool.num_blocks for w in self.decode + self.prefill) * self.block_size
+        return self._capacity  # pools never change size
 
     def _reserve(self, arg: tuple[SimRequest, list[str], int, str]) -> None:
         req, ranking, i, prefill_id = arg

@@ -14,6 +14,7 @@ attainment that full run reached). The colocated baseline is searched the same w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -103,6 +104,7 @@ def _with(base: SimConfig, cluster: ClusterConfig, bench: BenchConfig,
 class SearchSettings:
     requests_per_worker: int = 40  # requests per simulated run, per worker
     min_requests: int = 200
+    min_duration_s: float = 60.0  # and at least this much traffic (a burst is not a load)
     bisect_steps: int = 6
     unit_max: int = 32  # sizes above: search a unit this big and scale
 
@@ -115,14 +117,13 @@ def find_rate(
     start_rate: float,
 ) -> Evaluation:
     """The highest rate (within 1/2^bisect_steps of the bracket) at which ``c`` holds."""
-    n = max(settings.min_requests, settings.requests_per_worker * c.num_workers)
     need = base.bench.slo.min_attainment
     sims = 0
 
     def run(rate: float) -> PointSim:
         nonlocal sims
         sims += 1
-        config = configure(base, c, rate, n)
+        config = configure(base, c, rate, num_requests(settings, c, rate))
         load = config.bench.load.points()[0]
         return simulate_point(config, profiles, load)
 
@@ -156,6 +157,11 @@ def find_rate(
         else:
             hi = mid
     return Evaluation(c, lo, lo_point, sims)
+
+
+def num_requests(settings: SearchSettings, c: Candidate, rate: float) -> int:
+    return int(max(settings.min_requests, settings.requests_per_worker * c.num_workers,
+                   math.ceil(rate * settings.min_duration_s)))
 
 
 def splits(n: int, max_seqs: Sequence[int], chunks: Sequence[int]) -> list[Candidate]:
@@ -231,8 +237,7 @@ def verify(base: SimConfig, profiles: dict[str, Profile], e: Evaluation,
            settings: SearchSettings) -> Evaluation:
     """Simulate ``e`` at its full size and rate; records the attainment reached."""
     c = e.candidate
-    n = max(settings.min_requests, settings.requests_per_worker * c.num_workers)
-    config = configure(base, c, e.rate, n)
+    config = configure(base, c, e.rate, num_requests(settings, c, e.rate))
     p = simulate_point(config, profiles, config.bench.load.points()[0])
     e.verified = p.summary.slo_attainment
     e.point = p

@@ -14,7 +14,8 @@ from pdserve.plan.profile_format import Profile
 from pdserve.plan.sim_config import SimConfig
 from tests.plan.conftest import config_dict, make_profile
 
-SETTINGS = SearchSettings(requests_per_worker=30, min_requests=60, bisect_steps=4)
+SETTINGS = SearchSettings(requests_per_worker=30, min_requests=60, bisect_steps=4,
+                          min_duration_s=20)
 
 
 def base(**tables: dict[str, Any]) -> tuple[SimConfig, dict[str, Profile]]:
@@ -34,7 +35,8 @@ def test_find_rate_holds_below_and_misses_above() -> None:
     assert ev.rate > 0 and ev.point is not None
     assert ev.point.summary.slo_attainment is not None
     assert ev.point.summary.slo_attainment >= 0.9
-    miss = find_rate(config, profiles, c, SearchSettings(60, 60, 0), 4 * ev.rate)
+    fixed = SearchSettings(60, 60, bisect_steps=0, min_duration_s=20)
+    miss = find_rate(config, profiles, c, fixed, 4 * ev.rate)
     assert miss.rate < 4 * ev.rate  # doubling from 4x did not hold
     again = find_rate(config, profiles, c, SETTINGS, 1.0)
     assert again.rate == ev.rate  # deterministic
@@ -53,7 +55,7 @@ def test_search_ranks_every_split_and_the_colocated_baseline() -> None:
 
 def test_large_sizes_scale_a_unit() -> None:
     config, profiles = base()
-    settings = SearchSettings(20, 40, 2, unit_max=4)
+    settings = SearchSettings(20, 40, bisect_steps=2, unit_max=4, min_duration_s=10)
     disagg, coloc = search_size(config, profiles, 12, [64], [2048], settings)
     best = disagg[0]
     assert best.num_workers == 12 and best.candidate.num_prefill >= 1
