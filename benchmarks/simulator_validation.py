@@ -92,18 +92,22 @@ def run_real(name: str, config_path: Path, out: Path) -> Summary:
     prefill_cpus, decode_cpus, _ = SHAPES[name]
     procs: list[subprocess.Popen[bytes]] = []
     http = free_port()
+    metrics: dict[str, list[str]] = {"prefill": [], "decode": []}
     py = [sys.executable, "-m", "pdserve.cli"]
     try:
         if name == "colocated":
             procs.append(_start([*py, "serve", "--colocated", "--model", str(MODEL),
                                  "--grpc-port", "0", "--http-port", str(http)],
                                 decode_cpus, out / f"{name}-serve.log"))
+            metrics["decode"].append(f"http://127.0.0.1:{http}/metrics")
         else:
             targets: dict[str, list[str]] = {"prefill": [], "decode": []}
             for role, cpus_list in (("decode", decode_cpus), ("prefill", prefill_cpus)):
                 for i, cpu in enumerate(cpus_list):
                     port = free_port()
-                    extra = ["--metrics-port", "-1"]
+                    mport = free_port()
+                    metrics[role].append(f"http://127.0.0.1:{mport}/metrics")
+                    extra = ["--metrics-port", str(mport)]
                     if role == "decode":
                         extra += ["--kv-transport", "tcp", "--kv-port", str(free_port())]
                     else:
@@ -125,6 +129,10 @@ def run_real(name: str, config_path: Path, out: Path) -> Summary:
         subprocess.run([*py, "bench", "--url", f"http://127.0.0.1:{http}/v1", "--config",
                         str(config_path), "--out", str(res)], env=_env(), check=True,
                        stdout=subprocess.DEVNULL)
+        from pdserve.plan.calibrate import fetch_metrics
+
+        scraped = {role: [fetch_metrics(u) for u in urls] for role, urls in metrics.items()}
+        (res / "metrics.json").write_text(json.dumps(scraped), encoding="utf-8")
         return _summary(res / "results.json")
     finally:
         for p in procs:
@@ -154,7 +162,50 @@ def _slo() -> Any:
     return Slo()
 
 
-def sim_config(name: str, profile: str, trace: Path | None) -> SimConfig:
+def pool_factors(name: str, profile: str, out: Path) -> dict[str, float]:
+    """Per pool: the real workers' mean step time (their /metrics step histograms) over the
+    profile's prediction at their mean step shape (``pdserve plan calibrate metrics``)."""
+    from pdserve.plan.calibrate import parse_step_metrics, step_factor
+    from pdserve.plan.profile_format import load_profile
+
+    path = out / f"real-{name}" / "metrics.json"
+    if not path.exists():
+        return {}
+    cost = load_profile(profile).step
+    factors = {}
+    for role, texts in json.loads(path.read_text(encoding="utf-8")).items():
+        got = want = 0.0
+        for text in texts:
+            w = parse_step_metrics(text, f"{name} {role}")
+            g, p = step_factor(cost, w, MEAN_CONTEXT)
+            got, want = got + g * w.num_steps, want + p * w.num_steps
+        if want > 0:
+            factors["colocated" if name == "colocated" else role] = got / want
+    return factors
+
+
+def rescaled_profiles(profile: str, factors: dict[str, float], out: Path) -> dict[str, str]:
+    from dataclasses import fields, replace
+
+    from pdserve.plan.cost_model import StepCost
+    from pdserve.plan.profile_format import load_profile, save_profile
+
+    base = load_profile(profile)
+    paths = {}
+    for role, f in factors.items():
+        names = [x.name for x in fields(StepCost) if x.name.endswith("_s")]
+        step = replace(base.step, **{n: getattr(base.step, n) * f for n in names})
+        path = out / f"{base.name}-x{f:.3f}-{role}.json"
+        save_profile(replace(base, name=path.stem, step=step), path)
+        paths[role] = str(path)
+    return paths
+
+
+MEAN_CONTEXT = 130.0  # tokens of KV a request of a step reads: the workload's mean context
+
+
+def sim_config(name: str, profile: str, trace: Path | None,
+               pool_profiles: dict[str, str] | None = None) -> SimConfig:
     prefill_cpus, decode_cpus, groups = SHAPES[name]
     d: dict[str, Any] = json.loads(json.dumps(WORKLOAD))
     if name == "colocated":
@@ -169,6 +220,8 @@ def sim_config(name: str, profile: str, trace: Path | None) -> SimConfig:
         d["placement"] = {"groups": groups}
     if trace is not None:  # the real run's own send times and lengths
         d["arrivals"] = {"trace": str(trace)}
+    for role, path in (pool_profiles or {}).items():
+        d.setdefault(role, {})["profile"] = path
     return SimConfig.from_dict(d)
 
 
@@ -204,24 +257,37 @@ def main(argv: list[str] | None = None) -> int:
         else:
             real = run_real(name, config_path, a.out)
         wall = time.monotonic() - t0
-        config = sim_config(name, a.profile, a.out / f"real-{name}" / "results.json")
+        trace = a.out / f"real-{name}" / "results.json"
+        config = sim_config(name, a.profile, trace)
         sim = simulate(config, load_profiles(config)).points[0].summary
+        factors = pool_factors(name, a.profile, a.out)
+        rescaled = None
+        if factors:
+            c2 = sim_config(name, a.profile, trace, rescaled_profiles(a.profile, factors, a.out))
+            rescaled = simulate(c2, load_profiles(c2)).points[0].summary
         errs = []
         for label, get in METRICS:
             r, s = get(real), get(sim)
-            errs.append((label, r, s, abs(s - r) / r if r else float("nan")))
+            x = get(rescaled) if rescaled is not None else float("nan")
+            errs.append((label, r, s, abs(s - r) / r if r else float("nan"), x,
+                         abs(x - r) / r if r else float("nan")))
         rows.append((name, wall, real.num_completed, errs))
+        print(f"{name}: step-time factors from /metrics: {factors}", file=sys.stderr)
         print(f"{name}: real run {wall:.0f} s", file=sys.stderr, flush=True)
     print(f"\nprofile {a.profile}; workload {WORKLOAD}; sim replays each real run's trace\n")
-    print("| shape | metric | real | simulated | error |")
-    print("|---|---|---:|---:|---:|")
+    print("| shape | metric | real | simulated | error | sim, steps rescaled by the run's "
+          "/metrics | error |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name, _wall, n, errs in rows:
-        for label, r, s, e in errs:
+        for label, r, s, e, x, ex in errs:
             flag = "" if e <= 0.15 else " (miss)"
-            print(f"| {name} ({n} req) | {label} | {r:.1f} | {s:.1f} | {100 * e:.0f}%{flag} |")
+            flag2 = "" if ex <= 0.15 else " (miss)"
+            print(f"| {name} ({n} req) | {label} | {r:.1f} | {s:.1f} | {100 * e:.0f}%{flag} "
+                  f"| {x:.1f} | {100 * ex:.0f}%{flag2} |")
+    keys = ("metric", "real", "sim", "error", "sim_rescaled", "error_rescaled")
     (a.out / "errors.json").write_text(json.dumps(
-        [{"shape": n, "errors": [dict(zip(("metric", "real", "sim", "error"), e, strict=True))
-                                 for e in errs]} for n, _, _, errs in rows], indent=1) + "\n")
+        [{"shape": n, "errors": [dict(zip(keys, e, strict=True)) for e in errs]}
+         for n, _, _, errs in rows], indent=1) + "\n")
     return 0
 
 
