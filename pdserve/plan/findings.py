@@ -18,13 +18,14 @@ from pdserve.plan.profile_format import Profile, load_profile
 from pdserve.plan.sim_config import SimConfig
 from pdserve.plan.simulate import simulate_point
 
+TRANSPORT = ["tcp"]  # main sets it: the profile's fastest KV transport
 SETTINGS = SearchSettings(requests_per_worker=40, min_requests=160, bisect_steps=5,
                           min_duration_s=60.0)
 
 
 def _config(profile: str, **tables: dict[str, Any]) -> SimConfig:
     d: dict[str, Any] = {
-        "cluster": {"profile": profile},
+        "cluster": {"profile": profile, "transport": TRANSPORT[0]},
         "workload": {"num_requests": 200, "prompt_len": "uniform:256:1024",
                      "output_len": "uniform:64:256"},
         "load": {"kind": "open", "rates": [1.0]},
@@ -128,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--profile", default="h100-llama2-7b-published")
     ap.add_argument("--only", default="bursts,slo,ratio")
+    ap.add_argument("--transport", default=None, help="default: the profile's fastest")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     profiles = {a.profile: load_profile(a.profile)}
+    links = profiles[a.profile].transfer
+    TRANSPORT[0] = a.transport or max(links, key=lambda k: links[k].bytes_per_s)
+    print(f"KV transport: {TRANSPORT[0]}", file=sys.stderr)
     for fig in a.only.split(","):
         path = {"bursts": bursts, "slo": slo, "ratio": ratio}[fig](profiles, a.profile, a.out)
         print(f"wrote {path}")

@@ -79,6 +79,7 @@ class RouterModel:
         self._by_name = {v.w.name: v for v in self._decode + self._prefill}
         self._rng = random.Random(f"{seed}/router-sample")
         self.num_decisions = 0
+        self._lists: dict[int, tuple[int, list[RouteCandidate]]] = {}
 
     def choose(self, req: SimRequest) -> RouteChoice:
         """The policy's choice for ``req`` (NoWorkerError from the policy propagates)."""
@@ -109,6 +110,15 @@ class RouterModel:
     ) -> list[RouteCandidate]:
         pool = views
         n = self.num_candidates
+        if self.load_view == "polled" and epoch >= 0 and not (0 < n < len(views)):
+            # Nothing moves inside a poll interval: one list per pool per interval.
+            key = id(views)
+            hit = self._lists.get(key)
+            if hit is not None and hit[0] == epoch:
+                return hit[1]
+            made = [self._refresh(v, epoch) for v in views]
+            self._lists[key] = (epoch, made)
+            return made
         if 0 < n < len(views):
             picked = self._rng.sample(range(len(views)), n)
             pool = [views[i] for i in picked]
