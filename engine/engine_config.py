@@ -12,7 +12,7 @@ class EngineConfig:
     model: str | None = None  # Hugging Face folder; None = the built-in demo model
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    attention_backend: str | None = None  # None = by device (torch on CPU, triton on CUDA)
+    attention_backend: str | None = None  # None = by device (cpu kernels or torch; triton)
     block_size: int = 16
     num_kv_blocks: int | None = None  # None = sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0

@@ -16,7 +16,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="Hugging Face model folder (default: demo model)")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     g.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    g.add_argument("--attention-backend", default=None, choices=["torch", "triton"])
+    g.add_argument("--attention-backend", default=None, choices=["cpu", "torch", "triton"])
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
