@@ -70,11 +70,13 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
     """Put timers on the engine's pieces; return the list that per-step records go into."""
     import torch.nn as nn
 
+    from engine.models.layers import PackedLinear
+
     engine = llm.engine
     runner = engine.runner
     model = runner.model
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear | PackedLinear):
             timers.hook_module(module, "lm_head" if name == "lm_head" else "gemm")
     timers.wrap(engine.scheduler, "schedule", "schedule")
     timers.wrap(engine.scheduler, "update_from_output", "update")

@@ -83,45 +83,66 @@ def _compiler() -> str | None:
     return shutil.which(cxx)
 
 
+def library_name(key: str) -> str:
+    return f"pdserve_cpu_{key.replace('-', '_')}"
+
+
 @functools.cache
 def load() -> Any | None:
     """``torch.ops.pdserve_cpu`` with the kernels registered, or ``None`` (logged once)."""
     if disabled_by_env():
         logger.info("CPU kernels disabled by %s=0: using the torch path", DISABLE_ENV)
         return None
-    if _compiler() is None:
+    isa = detect_isa()
+    key = build_key(isa)
+    build_dir = cache_root() / key
+    name = library_name(key)
+    built = build_dir / f"{name}.so"
+    t0 = time.perf_counter()
+    if (build_dir / "complete").is_file() and built.is_file():
+        # Built before, by this or another process, and finished: no compiler or ninja needed.
+        torch.ops.load_library(str(built))
+    elif _compiler() is None:
         logger.warning(
             "no C++ compiler found (%s): CPU kernels off, using the slower torch path "
             "(install g++, e.g. `apt-get install build-essential`, to get them)",
             os.environ.get("CXX", "c++"),
         )
         return None
-    isa = detect_isa()
-    key = build_key(isa)
-    build_dir = cache_root() / key
-    t0 = time.perf_counter()
-    try:
-        from torch.utils import cpp_extension
-
-        build_dir.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=f"pdserve_cpu_{key.replace('-', '_')}",
-            sources=[str(SOURCE_DIR / s) for s in SOURCES],
-            extra_cflags=[*BASE_FLAGS, *ISA_FLAGS[isa]],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as e:  # a failed build must never take the engine down
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        logger.warning(
-            "CPU kernels failed to build in %s (%s): using the torch path", build_dir, first
-        )
-        return None
+    else:
+        try:
+            _build(name, isa, build_dir)
+        except Exception as e:  # a failed build must never take the engine down
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            logger.warning(
+                "CPU kernels failed to build in %s (%s): using the torch path", build_dir, first
+            )
+            return None
     ops = torch.ops.pdserve_cpu
     logger.info(
-        "CPU kernels ready (%s, %s) in %.1f s from %s", ops.isa(), key, time.perf_counter() - t0,
+        "CPU kernels ready (%s, %s) in %.1f s from %s",
+        ops.isa(),
+        key,
+        time.perf_counter() - t0,
         build_dir,
     )
     return ops
+
+
+def _build(name: str, isa: str, build_dir: Path) -> None:
+    """Compile and load the library (``cpp_extension`` locks the folder against concurrent
+    builders), then mark the folder complete for the next process."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    logger.info("building the CPU kernels (%s) in %s, once per machine", isa, build_dir)
+    cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE_DIR / s) for s in SOURCES],
+        extra_cflags=[*BASE_FLAGS, *ISA_FLAGS[isa]],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=False,
+    )
+    (build_dir / "complete").write_text(f"{name}\n")

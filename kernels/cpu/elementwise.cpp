@@ -1,7 +1,7 @@
 // The decoder layer's pointwise steps, each one pass over its rows: RMSNorm (optionally fused
 // with the residual add before it), rotary embedding in place on q and k, SiLU(gate) * up.
-// Arithmetic is float32 in the order Hugging Face's modules use (compiled with
-// -ffp-contract=off so no multiply-add is fused where torch rounds twice).
+// Arithmetic is float32 in the order Hugging Face's modules use; rotary is compiled without
+// multiply-add contraction, so it rounds where torch rounds and matches it bit for bit.
 #include <omp.h>
 
 #include <cmath>
@@ -59,7 +59,7 @@ void rms_norm_impl(const T* x, int64_t xs, T* res, int64_t rs, const T* w, T* ou
 }
 
 template <typename T>
-void rotary_impl(T* x, int64_t rows, int64_t heads, int64_t sr, int64_t sh, int64_t d,
+__attribute__((optimize("fp-contract=off"))) void rotary_impl(T* x, int64_t rows, int64_t heads, int64_t sr, int64_t sh, int64_t d,
                  const float* cos, const float* sin, int64_t ts, const int64_t* pos,
                  int num_threads) {
   const int64_t half = d / 2;

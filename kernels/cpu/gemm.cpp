@@ -118,10 +118,13 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
   const int64_t mc_size = m <= 2 * kMC ? m : kMC;
   const MicroKernel* kernels = kernels_by_rows();
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t p_begin = panels * tid / nt, p_end = panels * (tid + 1) / nt;
+  // Panels go out in chunks, dynamically: on a shared machine a thread that loses its core
+  // for a while takes fewer chunks instead of holding everyone at the end of the call.
+  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
+  const int64_t num_chunks = (panels + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 1)
+  for (int64_t ch = 0; ch < num_chunks; ++ch) {
+    const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
     for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
       const int64_t m1 = std::min(m, m0 + mc_size);
       for (int64_t p = p_begin; p < p_end; ++p) {
