@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="model shape")
     p.add_argument("--model-dir", type=Path, default=None, help="default: by --shape, cached")
     p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="print the workload and the engines' commands, run nothing, create nothing",
+    )
+    p.add_argument(
         "--skip-roofline",
         action="store_true",
         help="no CPU GEMM/bandwidth measurement (runs on a GPU); no roofline or floor columns",
@@ -264,6 +269,22 @@ def run_engine(engine: str, args: argparse.Namespace, spec_path: Path, tmp: Path
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     shape = model_shape(args.shape)
+    if args.plan_only:
+        requests = make_workload(
+            args.num_requests,
+            tuple(args.prompt_len),
+            tuple(args.output_len),
+            shape.vocab_size,
+            args.seed,
+        )
+        prompt = sum(len(r.prompt_token_ids) for r in requests)
+        output = sum(r.max_tokens for r in requests)
+        print(f"shape {args.shape}: {shape}; model folder {args.model_dir}")
+        print(f"workload: {len(requests)} requests, {prompt} prompt + {output} output tokens")
+        for engine in args.engines:
+            print(f"engine {engine}: {RUNNER.name} --engine {engine}, {args.repeats} passes")
+        print("roofline/floor:", "skipped" if args.skip_roofline else f"{ROOFLINE.name} twice")
+        return
     model_dir = ensure_model_folder(args.model_dir, shape=args.shape)
     requests = make_workload(
         args.num_requests,
