@@ -32,3 +32,8 @@ if ! python3 tests/ci/requirements.py --is-installed; then
     python3 -m pip install --quiet --no-deps -e .
     python3 tests/ci/requirements.py --mark-installed
 fi
+
+# The compiled CPU kernels, built once into the user's cache (~/.cache/pdserve/kernels, keyed by
+# sources, flags, ISA and torch version), so the suite's parallel workers and servers load them
+# instead of racing to compile. A no-op when they are already there.
+python3 -m kernels.cpu
