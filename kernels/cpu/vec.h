@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace pdcpu {
 
 #if defined(__AVX512F__)
@@ -32,19 +36,62 @@ inline vf splat(float x) { return x - vf{}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 
+// Horizontal sum and max of one vector; hsum4 gives the four sums of a, b, c, d at once.
+#if defined(__AVX512F__)
+inline __m256 halves_added(vf v) {
+  const __m512 z = reinterpret_cast<__m512>(v);
+  return _mm512_castps512_ps256(z) +
+         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
+}
+inline __m256 halves_max(vf v) {
+  const __m512 z = reinterpret_cast<__m512>(v);
+  return _mm256_max_ps(_mm512_castps512_ps256(z),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)));
+}
+#elif defined(__AVX__)
+inline __m256 halves_added(vf v) { return reinterpret_cast<__m256>(v); }
+inline __m256 halves_max(vf v) { return reinterpret_cast<__m256>(v); }
+#endif
+
+#if defined(__AVX__)
+inline float hsum(vf v) {
+  const __m256 y = halves_added(v);
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline float hmax(vf v) {
+  const __m256 y = halves_max(v);
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline void hsum4(vf a, vf b, vf c, vf d, float* out) {
+  const __m256 ab = _mm256_hadd_ps(halves_added(a), halves_added(b));
+  const __m256 cd = _mm256_hadd_ps(halves_added(c), halves_added(d));
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // [a b c d] of each 128-bit half
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+#else
 inline float hsum(vf v) {
   float s = 0.0f;
-#pragma GCC unroll 16
   for (int i = 0; i < W; ++i) s += v[i];
   return s;
 }
-
 inline float hmax(vf v) {
   float m = v[0];
-#pragma GCC unroll 16
   for (int i = 1; i < W; ++i) m = v[i] > m ? v[i] : m;
   return m;
 }
+inline void hsum4(vf a, vf b, vf c, vf d, float* out) {
+  out[0] = hsum(a);
+  out[1] = hsum(b);
+  out[2] = hsum(c);
+  out[3] = hsum(d);
+}
+#endif
 
 // exp(x) for a vector, accurate to ~2 ulp over [-87, 88] (Cephes' expf polynomial); inputs
 // below -87.3 (and -inf) give exactly 0, so masked scores never leak weight.
