@@ -39,6 +39,7 @@ BASE_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 DISABLE_ENV = "PDSERVE_CPU_KERNELS"
 ISA_ENV = "PDSERVE_CPU_ISA"
 CACHE_ENV = "PDSERVE_KERNEL_CACHE"
+STALE_LOCK_S = 900.0
 
 
 def detect_isa() -> str:
@@ -99,9 +100,18 @@ def load() -> Any | None:
     name = library_name(key)
     built = build_dir / f"{name}.so"
     t0 = time.perf_counter()
+    failed = build_dir / "build-error.log"
     if (build_dir / "complete").is_file() and built.is_file():
         # Built before, by this or another process, and finished: no compiler or ninja needed.
         torch.ops.load_library(str(built))
+    elif failed.is_file():
+        # The same sources, flags and torch failed before; building again would fail again.
+        logger.warning(
+            "CPU kernels failed to build before (%s): using the torch path; delete %s to retry",
+            failed,
+            build_dir,
+        )
+        return None
     elif _compiler() is None:
         logger.warning(
             "no C++ compiler found (%s): CPU kernels off, using the slower torch path "
@@ -113,9 +123,10 @@ def load() -> Any | None:
         try:
             _build(name, isa, build_dir)
         except Exception as e:  # a failed build must never take the engine down
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            failed.write_text(f"{type(e).__name__}: {e}\n")
             logger.warning(
-                "CPU kernels failed to build in %s (%s): using the torch path", build_dir, first
+                "CPU kernels failed to build (compiler output in %s): using the torch path",
+                failed,
             )
             return None
     ops = torch.ops.pdserve_cpu
@@ -135,6 +146,12 @@ def _build(name: str, isa: str, build_dir: Path) -> None:
     from torch.utils import cpp_extension
 
     build_dir.mkdir(parents=True, exist_ok=True)
+    # cpp_extension waits for as long as another builder's lock file exists; one left behind by
+    # a killed build (a build takes a minute or two) would block every later start.
+    lock = build_dir / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        logger.warning("removing a stale build lock %s", lock)
+        lock.unlink(missing_ok=True)
     logger.info("building the CPU kernels (%s) in %s, once per machine", isa, build_dir)
     cpp_extension.load(
         name=name,

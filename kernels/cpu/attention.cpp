@@ -25,7 +25,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Item {
   int seq, h0, h1, q0, q1, g0, g1;  // KV heads [h0, h1), new tokens [q0, q1), group slice
   int64_t cost;
+  int kv_begin = 0;  // split-KV: this item sees only key positions [kv_begin, kv_end)
+  int kv_end = std::numeric_limits<int>::max();
+  int part = -1;  // split-KV: index of its partial result (-1: writes the output itself)
 };
+
+constexpr int kMinKeysPerPart = 256;
 
 // S[r * ld + j] = dot(Q[r], K[j]) for RB rows and 4 keys (rows of Q contiguous, K rows at
 // stride ks). D > 0 fixes the head size at compile time (loops unrolled); D == 0 reads d.
@@ -216,8 +221,26 @@ inline void online_softmax(float* S, int ld, int rows, int nk, int t0, bool all_
 // One work item: rows = KV heads [h0, h1) x tokens [q0, q1) x query heads [g0, g1) of each
 // group. Per block, every KV head's slice is read once (a block's K or V for all the item's
 // heads is one contiguous span when the item covers every head).
+// Writes rows' O / l to the output (row order as in run_item).
+template <typename T>
+void write_rows(const PagedAttentionArgs& a, const Item& it, const float* O, const float* l,
+                int d) {
+  const int group = a.num_heads / a.num_kv_heads;
+  const int q_start = a.query_start_loc[it.seq];
+  const int heads = it.g1 - it.g0, per_head = (it.q1 - it.q0) * heads;
+  T* out = static_cast<T*>(a.out);
+  for (int h = it.h0; h < it.h1; ++h)
+    for (int t = it.q0; t < it.q1; ++t)
+      for (int g = it.g0; g < it.g1; ++g) {
+        const int r = (h - it.h0) * per_head + (t - it.q0) * heads + (g - it.g0);
+        T* dst = out + (q_start + t) * a.out_stride_token + (h * group + g) * a.out_stride_head;
+        const float inv = 1.0f / l[r];
+        for (int c = 0; c < d; ++c) dst[c] = from_float<T>(O[r * d + c] * inv);
+      }
+}
+
 template <typename T, int D>
-void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld) {
+void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, float* partial) {
   const int d = D > 0 ? D : a.head_dim, bs = a.block_size;
   const int group = a.num_heads / a.num_kv_heads;
   const int q_start = a.query_start_loc[it.seq];
@@ -248,14 +271,15 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld) 
     }
   std::fill(O, O + rows * d, 0.0f);
 
-  const int kv_hi = ctx + it.q1;
-  const int kv_lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+  const int kv_hi = std::min(ctx + it.q1, it.kv_end);
+  int kv_lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+  kv_lo = std::max(kv_lo, it.kv_begin);
   const int32_t* table = a.block_tables + it.seq * a.block_table_stride;
   const T* kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
   const T* vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
   // Bytes of a token's slot the item reads: its heads' rows (contiguous in the pool layout).
   const int span = static_cast<int>(((it.h1 - it.h0 - 1) * a.k_stride_head + d) * sizeof(T));
-  const int first_block = kv_lo / bs, last_block = (kv_hi - 1) / bs;
+  const int first_block = kv_lo / bs, last_block = kv_hi > kv_lo ? (kv_hi - 1) / bs : -1;
   for (int b = first_block; b <= last_block; ++b) {
     const int t0 = std::max(b * bs, kv_lo), t1 = std::min((b + 1) * bs, kv_hi);
     const int nk = t1 - t0;
@@ -283,15 +307,11 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld) 
     }
   }
 
-  T* out = static_cast<T*>(a.out);
-  for (int h = it.h0; h < it.h1; ++h)
-    for (int t = it.q0; t < it.q1; ++t)
-      for (int g = it.g0; g < it.g1; ++g) {
-        const int r = (h - it.h0) * per_head + (t - it.q0) * heads + (g - it.g0);
-        T* dst = out + (q_start + t) * a.out_stride_token + (h * group + g) * a.out_stride_head;
-        const float inv = 1.0f / sc.l[r];
-        for (int c = 0; c < d; ++c) dst[c] = from_float<T>(O[r * d + c] * inv);
-      }
+  if (partial == nullptr) return write_rows<T>(a, it, O, sc.l.data(), d);
+  // Split-KV part: unnormalised rows, then each row's running max and sum.
+  std::memcpy(partial, O, sizeof(float) * rows * d);
+  std::memcpy(partial + rows * d, sc.m.data(), sizeof(float) * rows);
+  std::memcpy(partial + rows * d + rows, sc.l.data(), sizeof(float) * rows);
 }
 
 // Work items, longest first. A request whose new rows for all heads fit one item (decode, short
@@ -337,9 +357,86 @@ std::vector<Item> plan(const PagedAttentionArgs& a) {
   return items;
 }
 
+// Split-KV (flash-decoding): with fewer items than twice the threads (a few long requests),
+// an item's keys are cut into block-aligned parts of at least kMinKeysPerPart keys that run as
+// items of their own; merge_parts() folds their partial results together.
+int split_items(const PagedAttentionArgs& a, std::vector<Item>& items) {
+  const int threads = std::max(1, a.num_threads);
+  const int n = static_cast<int>(items.size());
+  if (n == 0 || n >= 2 * threads) return 0;
+  const int want = (2 * threads + n - 1) / n;
+  std::vector<Item> split;
+  int parts = 0;
+  for (const Item& it : items) {
+    const int q_len = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
+    const int ctx = a.seq_lens[it.seq] - q_len;
+    const int hi = ctx + it.q1;
+    const int lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+    const int k = std::min(want, (hi - lo) / kMinKeysPerPart);
+    if (k < 2) {
+      split.push_back(it);
+      continue;
+    }
+    const int step = ((hi - lo + k - 1) / k + a.block_size - 1) / a.block_size * a.block_size;
+    for (int begin = lo / a.block_size * a.block_size; begin < hi; begin += step) {
+      Item part = it;
+      part.kv_begin = std::max(begin, lo);
+      part.kv_end = std::min(begin + step, hi);
+      part.cost = it.cost * (part.kv_end - part.kv_begin) / std::max(1, hi - lo);
+      part.part = parts++;
+      split.push_back(part);
+    }
+  }
+  if (parts > 0) items.swap(split);
+  return parts;
+}
+
+// Combines the parts of each split item (consecutive in `items`, same request and rows):
+// m = max m_i, l = sum l_i e^(m_i - m), O = sum O_i e^(m_i - m); then writes O / l.
+template <typename T>
+void merge_parts(const PagedAttentionArgs& a, const std::vector<Item>& items,
+                 const std::vector<float>& partial, int stride) {
+  const int d = a.head_dim;
+  std::vector<float> O, m, l;
+  for (size_t i = 0; i < items.size();) {
+    const Item& first = items[i];
+    if (first.part < 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < items.size() && items[j].part >= 0 && items[j].seq == first.seq &&
+           items[j].h0 == first.h0 && items[j].q0 == first.q0 && items[j].g0 == first.g0)
+      ++j;
+    const int rows = (first.q1 - first.q0) * (first.g1 - first.g0) * (first.h1 - first.h0);
+    O.assign(rows * d, 0.0f);
+    m.assign(rows, kNegInf);
+    l.assign(rows, 0.0f);
+    for (size_t p = i; p < j; ++p) {
+      const float* part = partial.data() + items[p].part * stride;
+      for (int r = 0; r < rows; ++r) m[r] = std::max(m[r], part[rows * d + r]);
+    }
+    for (size_t p = i; p < j; ++p) {
+      const float* part = partial.data() + items[p].part * stride;
+      for (int r = 0; r < rows; ++r) {
+        const float pm = part[rows * d + r];
+        if (pm == kNegInf) continue;  // this part had no key the row may see
+        const float w = std::exp(pm - m[r]);
+        l[r] += part[rows * d + rows + r] * w;
+        for (int c = 0; c < d; ++c) O[r * d + c] += part[r * d + c] * w;
+      }
+    }
+    write_rows<T>(a, first, O.data(), l.data(), d);
+    i = j;
+  }
+}
+
 template <typename T, int D>
 void paged_attention_impl(const PagedAttentionArgs& a) {
-  const std::vector<Item> items = plan(a);
+  std::vector<Item> items = plan(a);
+  const int parts = split_items(a, items);
+  const int stride = kMaxRows * (a.head_dim + 2);  // one part's O, m and l
+  std::vector<float> partial(static_cast<size_t>(parts) * stride);
   const int n = static_cast<int>(items.size());
   // Score rows: the block's keys rounded up to whole vectors and to groups of 4 keys.
   const int ld = (a.block_size + std::max(W, 4) - 1) / std::max(W, 4) * std::max(W, 4);
@@ -348,8 +445,12 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   {
     Scratch sc(a.head_dim, ld, a.block_size);
 #pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n; ++i) run_item<T, D>(a, items[i], sc, ld);
+    for (int i = 0; i < n; ++i) {
+      const Item& it = items[i];
+      run_item<T, D>(a, it, sc, ld, it.part < 0 ? nullptr : partial.data() + it.part * stride);
+    }
   }
+  if (parts > 0) merge_parts<T>(a, items, partial, stride);
 }
 
 // Head sizes with their own unrolled instantiation; any other runs the generic one.

@@ -131,3 +131,19 @@ def test_store_kv_many_tokens_threaded():
     ops.store_kv(k, v, pool[:, 0, 0], pool[:, 0, 1], slots)
     store_kv_reference(k, v, expected[:, 0, 0], expected[:, 0, 1], slots)
     assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 8])
+@pytest.mark.parametrize("window", [None, 700])
+def test_split_kv_few_long_requests(threads, window):
+    """Fewer work items than twice the threads: long key ranges are split into parts whose
+    partial softmax results are merged (flash-decoding), for decodes and a chunk."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        case = _case(8, 2, 64, 16, [1, 3], [3000, 1400], torch.float32)
+        _check(case, 0.125, window, torch.float32)
+        case = _case(4, 4, 32, 32, [1], [2100], torch.float32)
+        _check(case, 0.2, window, torch.float32)
+    finally:
+        torch.set_num_threads(before)

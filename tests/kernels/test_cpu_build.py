@@ -127,3 +127,43 @@ def test_cached_build_loads_without_a_compiler(tmp_path):
     result = run_python(ENGINE_BACKEND, CXX=str(tmp_path / "no-such-c++"))
     assert result.returncode == 0, result.stderr
     assert "loaded True" in result.stdout and "backend cpu" in result.stdout
+
+
+BROKEN_BUILD = """
+    import logging, shutil, sys
+    from pathlib import Path
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import kernels.cpu as cpu
+    src = Path(sys.argv[1])
+    if not src.exists():
+        shutil.copytree(cpu.SOURCE_DIR, src, ignore=shutil.ignore_patterns("__pycache__"))
+        (src / "vec.h").write_text("#error deliberately broken\\n")
+    cpu.SOURCE_DIR = src
+    print("loaded", cpu.load() is not None)
+"""
+
+
+def test_failed_build_is_logged_and_not_retried(tmp_path):
+    """A build that fails leaves its compiler output in the cache folder and the torch path;
+    the next process does not compile the same failing sources again."""
+    cpu_ops()
+    env = {"PDSERVE_KERNEL_CACHE": str(tmp_path / "cache")}
+    code = textwrap.dedent(BROKEN_BUILD)
+    runs = []
+    for _ in range(2):
+        runs.append(
+            subprocess.run(
+                [sys.executable, "-c", code, str(tmp_path / "src")],
+                env={**os.environ, "PYTHONPATH": str(REPO), **env},
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        )
+    for r in runs:
+        assert r.returncode == 0 and "loaded False" in r.stdout, r.stderr
+    logs = list((tmp_path / "cache").glob("*/build-error.log"))
+    assert len(logs) == 1 and "deliberately broken" in logs[0].read_text()
+    assert "compiler output in" in runs[0].stderr
+    assert "failed to build before" in runs[1].stderr and "building" not in runs[1].stderr
