@@ -8,9 +8,12 @@ engine's objects at run time (no engine code changes; about a microsecond per wr
 
     step = schedule + execute + update/outputs
     execute = prepare inputs + forward + lm_head + sampling
-    forward = GEMMs in the decoder layers (every nn.Linear but lm_head) + attention
-              (backend.forward: KV store, KV gather, SDPA) + the rest (embedding, norms, rope,
+    forward = GEMMs in the decoder layers (every nn.Linear or PackedLinear but lm_head) +
+              attention (backend.forward: KV store, then the cpu backend's paged attention or
+              the torch backend's gather + SDPA) + the rest (embedding, norms, rope,
               activation, residual adds)
+
+``PDSERVE_CPU_KERNELS=0`` in the environment profiles the torch path instead.
 
 Steps are split into those that carry prefill tokens and pure decode steps. With
 ``--op-profile-steps N`` a second pass runs ``torch.profiler`` over N steps in the middle of the
@@ -124,7 +127,7 @@ def report(steps: list[dict[str, float]], wall_s: float) -> None:
         ("schedule", "scheduler.schedule"),
         ("prepare_inputs", "prepare inputs (runner + backend.prepare)"),
         ("gemm", "GEMMs in decoder layers (qkv, o, gate_up, down)"),
-        ("attention", "attention (KV store + gather + SDPA)"),
+        ("attention", "attention (KV store + attention)"),
         ("forward_rest", "rest of forward (embed, norms, rope, act, adds)"),
         ("lm_head", "lm_head"),
         ("sampling", "sampling"),
@@ -214,6 +217,8 @@ def main() -> None:
         if v is not None
     }
     llm = LLM(model=str(model_dir), dtype="float32", **options)
+    kernels_on = llm.engine.runner.model.kernels is not None
+    print(f"attention backend {llm.engine.backend.name}, CPU kernels {kernels_on}")
 
     def run_requests(reqs: list[Any]) -> int:
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]

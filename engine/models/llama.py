@@ -57,9 +57,7 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = rotary.apply(q, k)
-        if backend.name != "cpu":  # the CPU kernels read strided rows; the others want them dense
-            v = v.contiguous()
-        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # v: a strided view
         return self.o_proj(out.reshape(n, self.q_size))
 
 
