@@ -15,16 +15,22 @@ Only full blocks whose every token has been computed get a hash (``cache_blocks`
 block's contents are always complete and immutable: sharing needs no copy-on-write.
 
 Host blocks (the swap tier) are plain slots: free or owned by one swapped-out request.
+
+Prefix-cache events (``enable_kv_events``): every hash that becomes a cache entry ("stored")
+and every cached block reused for something else ("removed"), in order, for the control
+plane's cluster KV index (``control_plane.kv_events``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal
 
 from engine.block_hash import BlockHash
 
 BlockId = int
+KVCacheEvent = tuple[Literal["stored", "removed"], BlockHash]
 
 
 class BlockManager:
@@ -53,6 +59,21 @@ class BlockManager:
 
         self._host_free: list[BlockId] = list(range(num_host_blocks - 1, -1, -1))  # pop() -> 0
         self._host_tables: dict[str, list[BlockId]] = {}
+        self._kv_events: list[KVCacheEvent] | None = None
+
+    # ------------------------------------------------------------------ KV events
+    def enable_kv_events(self) -> None:
+        """Record prefix-cache changes from now on; the hashes cached so far come first (as
+        "stored"), so the events alone describe the cache."""
+        if self._kv_events is None:
+            self._kv_events = [("stored", h) for h in self._cached]
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        """The events since the last call, oldest first (empty when not enabled)."""
+        if not self._kv_events:
+            return []
+        events, self._kv_events = self._kv_events, []
+        return events
 
     # ------------------------------------------------------------------ queries
     @property
@@ -146,6 +167,8 @@ class BlockManager:
             if self._block_hash[b] is None and h not in self._cached:
                 self._block_hash[b] = h
                 self._cached[h] = b
+                if self._kv_events is not None:
+                    self._kv_events.append(("stored", h))
         self._num_hashed[request_id] = max(start, end)
 
     def free(self, request_id: str) -> None:
@@ -230,6 +253,8 @@ class BlockManager:
         if h is not None:
             del self._cached[h]
             self._block_hash[b] = None
+            if self._kv_events is not None:
+                self._kv_events.append(("removed", h))
         self._ref_cnt[b] = 1
         return b
 

@@ -170,6 +170,8 @@ class LLMEngine:
             raise ValueError("sampling_params must be a SamplingParams")
         if request_id in self._tracked or request_id in self._remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if params.structured is not None:
+            params.structured.validate()  # a bad grammar is the caller's error, not the step's
         capacity = self.block_manager.num_blocks * self.block_manager.block_size
         ids = resolve_prompt_ids(
             prompt,
@@ -305,6 +307,7 @@ class LLMEngine:
             t = self._tracked.get(s.request_id)
             if t is not None and t.first_scheduled_time is None:
                 t.first_scheduled_time = now
+        num_prompt_tokens = self._num_prompt_tokens(sched_out)
         result = self.runner.execute(sched_out)
         self.num_steps += 1
         sampled = {rid: tok.token_id for rid, tok in result.sampled.items()}
@@ -319,9 +322,23 @@ class LLMEngine:
                 continue
             outputs.append(self._make_output(tracked, result.sampled[request.request_id], now))
         self.metrics.record_step(
-            now - started, sched_out.num_scheduled_tokens, len(sched_out.scheduled), outputs
+            now - started,
+            sched_out.num_scheduled_tokens,
+            len(sched_out.scheduled),
+            outputs,
+            num_prompt_tokens,
         )
         return outputs
+
+    def _num_prompt_tokens(self, sched_out: SchedulerOutput) -> int:
+        """How many of the step's tokens sit at prompt positions (prefill compute)."""
+        total = 0
+        for s in sched_out.scheduled:
+            request = self.scheduler.requests.get(s.request_id)
+            if request is not None:
+                end = min(s.num_computed_tokens + s.num_scheduled_tokens, request.num_prompt_tokens)
+                total += max(0, end - s.num_computed_tokens)
+        return total
 
     def _record_progress(self, sched_out: SchedulerOutput, sampled: dict[str, int]) -> None:
         for item in sched_out.scheduled:

@@ -83,6 +83,7 @@ class EngineMetricsSnapshot:
     queue_seconds: HistogramSnapshot  # arrival -> first scheduled (local prefills only)
     prefill_seconds: HistogramSnapshot  # first scheduled -> first token (local prefills only)
     num_generation_tokens: int  # tokens this engine sampled (a remote prefill's first excluded)
+    num_prompt_tokens_computed: int = 0  # prompt tokens run through the model (prefill compute)
 
 
 class EngineMetrics:
@@ -95,6 +96,7 @@ class EngineMetrics:
         self.queue_seconds = Histogram(LATENCY_BUCKETS_S)
         self.prefill_seconds = Histogram(LATENCY_BUCKETS_S)
         self._num_generation_tokens = 0
+        self._num_prompt_tokens_computed = 0
 
     def record_step(
         self,
@@ -102,8 +104,11 @@ class EngineMetrics:
         num_tokens: int,
         num_requests: int,
         outputs: Sequence[RequestOutput],
+        num_prompt_tokens: int = 0,
     ) -> None:
-        """One executed step and the outputs it produced."""
+        """One executed step and the outputs it produced; ``num_prompt_tokens`` of its
+        tokens were prompt tokens (prefill compute)."""
+        self._num_prompt_tokens_computed += num_prompt_tokens
         if num_requests == 0:
             return  # a swap-only or empty step: no batch to describe
         self.step_seconds.observe(seconds)
@@ -128,4 +133,5 @@ class EngineMetrics:
             queue_seconds=self.queue_seconds.snapshot(),
             prefill_seconds=self.prefill_seconds.snapshot(),
             num_generation_tokens=self._num_generation_tokens,
+            num_prompt_tokens_computed=self._num_prompt_tokens_computed,
         )

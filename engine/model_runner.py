@@ -18,6 +18,7 @@ from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import SampledToken, Sampler, SamplingRow
 from engine.scheduler_output import SchedulerOutput
+from engine.structured.masks import GrammarMasks
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,10 @@ class ModelRunner:
         self.backend = backend
         self.device = device
         self.block_size = kv_cache.spec.block_size
-        self.sampler = Sampler(model_config.eos_token_ids)
+        grammars = GrammarMasks(
+            model_config.path, model_config.vocab_size, model_config.eos_token_ids
+        )
+        self.sampler = Sampler(model_config.eos_token_ids, grammars)
         self._windows = model_config.sliding_windows or (None,) * model_config.num_layers
         if device.type == "cpu":
             from kernels.cpu import load
@@ -68,7 +72,13 @@ class ModelRunner:
         rows_idx = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows_idx))
         sampling_rows = [
-            SamplingRow(s.request_id, s.sampling_params, s.num_output_tokens)
+            SamplingRow(
+                s.request_id,
+                s.sampling_params,
+                s.num_output_tokens,
+                s.output_token_ids,
+                s.prompt_token_ids,
+            )
             for s in output.scheduled
             if s.sample
         ]

@@ -1,5 +1,10 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens,
-and top-n logprobs — tensor ops over the batch, a Python loop only over seeded rows' noise."""
+"""Batched token sampling: penalties, logit bias, grammar masks (structured outputs), greedy,
+temperature, top-k, top-p, per-request seeds, min_tokens, and top-n logprobs — tensor ops over
+the batch, a Python loop only over seeded rows' noise.
+
+    raw logits ─▶ penalties ─▶ logit_bias ─▶ min_tokens ban ─▶ grammar mask ─▶ greedy | sample
+        └────────────────────────── logprobs (of the raw logits) ───────────────────────────┘
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logits_processors import apply_logit_bias, apply_penalties
 from engine.sampling_params import SamplingParams
+from engine.structured.masks import GrammarMasks, apply_bitmask
 
 
 @dataclass(frozen=True)
@@ -25,17 +32,28 @@ class SamplingRow:
     request_id: str
     params: SamplingParams
     num_output_tokens: int
+    output_token_ids: tuple[int, ...] = ()  # filled when params.needs_output_history
+    prompt_token_ids: tuple[int, ...] = ()  # filled when params.needs_prompt_history
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
+    """``grammars`` (from the model's tokenizer) serves structured outputs; without it a
+    structured request fails (the engine refuses them with no tokenizer)."""
+
+    def __init__(
+        self, eos_token_ids: Sequence[int] = (), grammars: GrammarMasks | None = None
+    ) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars = grammars
 
     def forget(self, request_ids: Sequence[str]) -> None:
-        """Drop per-request state (seeded generators) of requests that left the engine."""
+        """Drop per-request state (seeded generators, grammar matchers) of requests that
+        left the engine."""
         for rid in request_ids:
             self._generators.pop(rid, None)
+        if self.grammars is not None:
+            self.grammars.forget(request_ids)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
         """``logits``: ``[len(rows), vocab]`` float32. Returns one token per row."""
@@ -43,13 +61,25 @@ class Sampler:
         if not rows:
             return []
         raw = logits
+        logits = apply_penalties(logits, rows)
+        logits = apply_logit_bias(logits, [r.params for r in rows])
         logits = self._apply_min_tokens(logits, rows)
+        bitmask = None
+        if self.grammars is not None:
+            bitmask = self.grammars.bitmask(rows)
+            if bitmask is not None:
+                logits = apply_bitmask(logits, bitmask)
+        elif any(r.params.structured is not None for r in rows):
+            raise RuntimeError("structured outputs need the sampler's grammar masks")
         all_greedy = all(r.params.is_greedy for r in rows)
         if all_greedy:
             token_ids = logits.argmax(dim=-1)
         else:
             token_ids = self._sample_random(logits, rows)
-        return self._with_logprobs(raw, token_ids, rows)
+        tokens = self._with_logprobs(raw, token_ids, rows)
+        if bitmask is not None and self.grammars is not None:
+            self.grammars.advance(rows, [t.token_id for t in tokens])
+        return tokens
 
     # ------------------------------------------------------------------ private
     def _apply_min_tokens(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

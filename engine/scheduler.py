@@ -343,6 +343,7 @@ class Scheduler:
 
     def _describe(self, request_id: str, num_new: int) -> ScheduledRequest:
         request = self.requests[request_id]
+        params = request.sampling_params
         start = request.num_computed_tokens
         end = start + num_new
         return ScheduledRequest(
@@ -351,6 +352,12 @@ class Scheduler:
             num_computed_tokens=start,
             block_table=tuple(self.block_manager.block_table(request_id)),
             sample=end == request.num_tokens,
-            sampling_params=request.sampling_params,
+            sampling_params=params,
             num_output_tokens=request.num_output_tokens,
+            output_token_ids=(
+                tuple(request.output_token_ids) if params.needs_output_history else ()
+            ),
+            prompt_token_ids=(
+                tuple(request.prompt_token_ids) if params.needs_prompt_history else ()
+            ),
         )

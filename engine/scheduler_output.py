@@ -24,6 +24,7 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     num_output_tokens: int  # output tokens generated so far (min_tokens, penalties)
     output_token_ids: tuple[int, ...] = ()  # only filled when sampling needs history
+    prompt_token_ids: tuple[int, ...] = ()  # only filled for the repetition penalty
 
     @property
     def num_scheduled_tokens(self) -> int:

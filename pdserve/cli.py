@@ -191,8 +191,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
     common = engine_argv(a)
-    if a.served_model_name:
-        common += ["--served-model-name", a.served_model_name]
+    if a.served_model_name:  # the workers' metrics label: the first name
+        common += ["--served-model-name", a.served_model_name[0]]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
     decode_cpus, prefill_cpus = parse_cpus(a.decode_cpus), parse_cpus(a.prefill_cpus)
     transport, why = serve_kv_transport(a.kv_transport, decode_cpus, prefill_cpus)
@@ -283,7 +283,13 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="requests in flight before new ones get HTTP 429 / RESOURCE_EXHAUSTED",
     )
     api.add_argument("--retry-after-s", type=float, default=1.0, help="retry hint when busy")
-    api.add_argument("--served-model-name", default=None, help="default: the model folder name")
+    api.add_argument(
+        "--served-model-name",
+        action="append",
+        default=None,
+        help="a name clients use for the model (repeat for aliases; the first is the primary; "
+        "the --model path is accepted too); default: the model folder name",
+    )
     api.add_argument("--shutdown-grace-s", type=float, default=5.0)
     api.add_argument(
         "--local-prefill-max-tokens",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.outputs import RequestOutput
 from engine.sampler import SampledToken
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import KINDS, StructuredOutput
 from protos.pdserve.v1 import generate_pb2 as gpb
 
 
@@ -28,7 +29,26 @@ def sampling_params_from_proto(m: gpb.SamplingParams) -> SamplingParams:
         logprobs=m.logprobs if m.HasField("logprobs") else None,
         include_stop_str_in_output=m.include_stop_str_in_output,
         skip_special_tokens=(m.skip_special_tokens if m.HasField("skip_special_tokens") else True),
+        presence_penalty=m.presence_penalty,
+        frequency_penalty=m.frequency_penalty,
+        repetition_penalty=(
+            m.repetition_penalty
+            if m.HasField("repetition_penalty")
+            else defaults.repetition_penalty
+        ),
+        logit_bias=dict(m.logit_bias),
+        structured=_structured_from_proto(m),
     )
+
+
+def _structured_from_proto(m: gpb.SamplingParams) -> StructuredOutput | None:
+    if not m.HasField("structured"):
+        return None
+    kind = m.structured.kind
+    if kind not in KINDS:
+        raise ValueError(f"structured: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    spec = StructuredOutput(kind, m.structured.value, "structured")  # type: ignore[arg-type]
+    return spec
 
 
 def sampling_params_to_proto(p: SamplingParams) -> gpb.SamplingParams:
@@ -42,7 +62,14 @@ def sampling_params_to_proto(p: SamplingParams) -> gpb.SamplingParams:
         ignore_eos=p.ignore_eos,
         include_stop_str_in_output=p.include_stop_str_in_output,
         skip_special_tokens=p.skip_special_tokens,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        logit_bias=dict(p.logit_bias),  # type: ignore[arg-type]
     )
+    if p.structured is not None:
+        m.structured.kind = p.structured.kind
+        m.structured.value = p.structured.value
     if p.max_tokens is not None:
         m.max_tokens = p.max_tokens
     if p.seed is not None:

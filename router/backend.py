@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from engine.outputs import RequestOutput
@@ -39,13 +40,24 @@ class Load:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    model: str  # the name clients pass as ``model``
+    model: str  # the name clients pass as ``model`` (the first served name)
     architecture: str
     dtype: str
     max_model_len: int
     vocab_size: int
     block_size: int
     eos_token_ids: tuple[int, ...] = field(default=())
+    served_names: tuple[str, ...] = ()  # every name /v1/models lists (``model`` first)
+    model_path: str = ""  # also accepted as a name, as vLLM accepts its --model string
+
+
+def served_names(served: str | Sequence[str] | None, model_path: str) -> tuple[str, ...]:
+    """The names a model is served under: each ``--served-model-name`` (repeatable), else
+    the model folder's name."""
+    if isinstance(served, str):
+        served = [served]
+    names = tuple(dict.fromkeys(n for n in served or () if n))
+    return names or (Path(model_path).name,)
 
 
 class Backend(Protocol):
@@ -91,9 +103,16 @@ class Backend(Protocol):
         """The text of each token on its own (for logprobs and Tokenize)."""
         ...
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt token ids for a chat, from the tokenizer's chat template, with the
-        assistant's generation prompt appended. Raises ValueError("messages ...")."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Prompt token ids for a chat (and its tools, when the template renders them), from
+        the tokenizer's chat template, with the assistant's generation prompt appended.
+        Raises ValueError("messages ...")."""
+        ...
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` together (special tokens included)."""
         ...
 
     async def close(self) -> None:

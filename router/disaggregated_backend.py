@@ -18,7 +18,6 @@ import itertools
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,7 +28,7 @@ from engine.outputs import RequestOutput
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
-from router.backend import GenerateRequest, Load, ModelInfo
+from router.backend import GenerateRequest, Load, ModelInfo, served_names
 from router.errors import ErrorKind, RequestError
 from router.prefix_index import PrefixIndex
 from router.tokenizer_ops import TokenizerOps
@@ -54,7 +53,7 @@ class DisaggregatedBackend:
         model: str,
         decode_targets: Sequence[str],
         prefill_targets: Sequence[str],
-        served_model_name: str | None = None,
+        served_model_name: str | Sequence[str] | None = None,
         block_size: int = 16,
         max_model_len: int | None = None,
         local_prefill_max_tokens: int = 0,
@@ -65,8 +64,9 @@ class DisaggregatedBackend:
             raise ValueError("need at least one decode and one prefill worker")
         mc = load_model_config(model)
         self._text = TokenizerOps(model)
+        names = served_names(served_model_name, mc.path)
         self._info = ModelInfo(
-            model=served_model_name or Path(mc.path).name,
+            model=names[0],
             architecture=mc.architecture,
             dtype=mc.dtype_str,
             max_model_len=min(
@@ -75,6 +75,8 @@ class DisaggregatedBackend:
             vocab_size=mc.vocab_size,
             block_size=block_size,
             eos_token_ids=tuple(mc.eos_token_ids),
+            served_names=names,
+            model_path=model,
         )
         self._decode_targets = list(decode_targets)
         self._prefill_targets = list(prefill_targets)
@@ -204,8 +206,13 @@ class DisaggregatedBackend:
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         return self._text.token_strings(token_ids)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self._text.render_chat(messages)
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return self._text.render_chat(messages, tools)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._text.detokenize(token_ids)
 
     async def close(self) -> None:
         if self._poller is not None:

@@ -27,11 +27,22 @@ _FIELDS = {f.name for f in fields(SamplingParams)} | {
     "frequency_penalty",
     "top_logprobs",
     "max_completion_tokens",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "tool_choice",
+    "tools",
+    "best_of",
+    "logit_bias",
 }
 
 
 class ErrorKind(enum.Enum):
     INVALID = "invalid_request_error"  # gRPC INVALID_ARGUMENT, HTTP 400
+    TOO_LARGE = "request_too_large"  # HTTP 413 (body over the limit); gRPC has its own limit
     NOT_FOUND = "not_found_error"  # NOT_FOUND, 404 (unknown model)
     BUSY = "server_busy"  # RESOURCE_EXHAUSTED, 429
     TIMEOUT = "timeout"  # DEADLINE_EXCEEDED, 504

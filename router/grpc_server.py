@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,12 +15,14 @@ from pdserve.wire import delta_to_proto, sampling_params_from_proto
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.errors import ErrorKind, RequestError, invalid_argument
+from router.fanout import best_of, expand, stream_all
 from router.service import Router
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
 _STATUS = {
     ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -79,37 +82,72 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 raise invalid_argument(e) from None
             kind = request.WhichOneof("prompt")
             prompt = request.text if kind == "text" else list(request.token_ids.ids)
-            greq = router.prepare(
+            n = request.n or 1
+            runs = request.best_of or n
+            if n < 1 or runs < n:
+                raise RequestError(
+                    ErrorKind.INVALID,
+                    f"n and best_of: need 1 <= n <= best_of, got n={n}, best_of={runs}",
+                    "n" if n < 1 else "best_of",
+                )
+            router.check_fanout(1, n, runs)
+            greq = await router.prepare(
                 params,
                 prompt=prompt if kind is not None else None,
                 priority=request.priority,
                 request_id=request.request_id or None,
             )
+            if runs > n and params.logprobs is None:
+                greq = router.with_logprobs(greq)
             slot = router.admit()
         except RequestError as e:
             router.metrics.rejected(e)
             await _abort(context, e)
             return
+        sequences = expand([greq], runs)
         with slot:
-            remaining = context.time_remaining()
+            deadline = router.deadline(context.time_remaining())
             try:
-                async for out in router.stream(greq, router.deadline(remaining)):
-                    yield delta_to_proto(out)
+                if runs == n:
+                    async for index, out in stream_all(router, sequences, deadline):
+                        msg = delta_to_proto(out)
+                        msg.index = index
+                        yield msg
+                    return
+                finals = {}
+                async for index, out in stream_all(router, sequences, deadline):
+                    if out.finished:
+                        finals[index] = out
+                chosen = best_of(finals, sequences, n, params.logprobs is not None)
+                for index, out in sorted(chosen.items()):
+                    msg = delta_to_proto(
+                        dataclasses.replace(
+                            out,
+                            new_token_ids=out.token_ids,
+                            new_text=out.text,
+                            new_logprobs=out.logprobs,
+                        )
+                    )
+                    msg.index = index
+                    yield msg
             except RequestError as e:
                 await _abort(context, e)
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
+        router = self.router
         try:
             if (bad := _undecodable(request)) is not None:
                 raise bad
-            self.router.check_model(request.model)
+            router.check_model(request.model)
+            router.check_text_length(len(request.text), "text")
         except RequestError as e:
             await _abort(context, e)
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        backend = self.router.backend
-        ids = backend.tokenize(request.text, add_special_tokens=add_special)
+        backend = router.backend
+        text = request.text
+        ids = await router.run_tokenizer(lambda: backend.tokenize(text, add_special))
         return pb.TokenizeResponse(token_ids=ids, tokens=backend.token_strings(ids))
 
     async def GetModelInfo(

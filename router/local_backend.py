@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
-from pathlib import Path
 from typing import Any
 
 from engine.async_engine import AsyncEngine, EngineShutdownError
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from router.backend import GenerateRequest, Load, ModelInfo
+from router.backend import GenerateRequest, Load, ModelInfo, served_names
 from router.errors import ErrorKind, RequestError
 from router.tokenizer_ops import TokenizerOps
 
@@ -24,20 +23,25 @@ class LocalEngineBackend:
     used on the event loop for chat templates, Tokenize and logprob token strings.
     """
 
-    def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, served_model_name: str | Sequence[str] | None = None
+    ) -> None:
 
         engine = LLMEngine(config)
         mc = engine.model_config
         self._engine = AsyncEngine(engine)
         self._text = TokenizerOps(mc.path)
+        names = served_names(served_model_name, mc.path)
         self._info = ModelInfo(
-            model=served_model_name or Path(mc.path).name,
+            model=names[0],
             architecture=mc.architecture,
             dtype=mc.dtype_str,
             max_model_len=engine.max_model_len,
             vocab_size=mc.vocab_size,
             block_size=engine.block_manager.block_size,
             eos_token_ids=tuple(mc.eos_token_ids),
+            served_names=names,
+            model_path=config.model or mc.path,
         )
 
     @property
@@ -87,8 +91,13 @@ class LocalEngineBackend:
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         return self._text.token_strings(token_ids)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self._text.render_chat(messages)
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return self._text.render_chat(messages, tools)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._text.detokenize(token_ids)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._engine.shutdown)

@@ -32,7 +32,12 @@ from router.errors import ErrorKind, RequestError
 
 FINISH_REASONS = ("stop", "length", "abort", "timeout", "error")
 REJECT_REASONS = ("busy", "invalid", "not_found")
-_REJECT = {ErrorKind.BUSY: "busy", ErrorKind.INVALID: "invalid", ErrorKind.NOT_FOUND: "not_found"}
+_REJECT = {
+    ErrorKind.BUSY: "busy",
+    ErrorKind.INVALID: "invalid",
+    ErrorKind.TOO_LARGE: "invalid",
+    ErrorKind.NOT_FOUND: "not_found",
+}
 # Per-request token counts (prompt and output), 1 .. 128k.
 _TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
 

@@ -1,32 +1,42 @@
-"""OpenAI response bodies built from engine outputs: whole responses and stream chunks."""
+"""OpenAI response bodies built from engine outputs: whole responses and stream chunks, for
+one or many choices (``index``), with echo, logprobs and tool calls."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine.outputs import RequestOutput
 from engine.sampler import SampledToken
+from router.openai_tools import ParsedCall, ToolCallStream, parse_tool_calls
 
 TokenStrings = Callable[[Sequence[int]], list[str]]
 
 _FINISH = {"stop": "stop", "length": "length"}
 
 
-def finish_reason(out: RequestOutput) -> str | None:
+def finish_reason(out: RequestOutput, called_tools: bool = False) -> str | None:
     if not out.finished:
         return None
+    if called_tools and out.finish_reason == "stop":
+        return "tool_calls"
     return _FINISH.get(out.finish_reason or "", out.finish_reason)
 
 
-def usage(out: RequestOutput) -> dict[str, Any]:
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+def usage(finals: Mapping[int, RequestOutput], n: int = 1) -> dict[str, Any]:
+    """Prompt tokens once per prompt (choices ``p * n .. p * n + n - 1`` share one),
+    completion tokens over every choice."""
+    prompts = {i // n: out for i, out in sorted(finals.items(), reverse=True)}
+    prompt = sum(len(o.prompt_token_ids) for o in prompts.values())
+    completion = sum(len(o.token_ids) for o in finals.values())
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": sum(o.num_cached_tokens for o in prompts.values())
+        },
     }
 
 
@@ -34,11 +44,12 @@ class _Formatter:
     object_name = ""
     chunk_object_name = ""
 
-    def __init__(self, request_id: str, model: str, token_strings: TokenStrings) -> None:
+    def __init__(self, request_id: str, model: str, token_strings: TokenStrings, n: int) -> None:
         self.request_id = request_id
         self.model = model
         self.created = int(time.time())
         self.token_strings = token_strings
+        self.n = n
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -49,9 +60,9 @@ class _Formatter:
             "choices": choices,
         }
 
-    def usage_chunk(self, final: RequestOutput) -> dict[str, Any]:
+    def usage_chunk(self, finals: Mapping[int, RequestOutput]) -> dict[str, Any]:
         body = self._envelope(self.chunk_object_name, [])
-        body["usage"] = usage(final)
+        body["usage"] = usage(finals, self.n)
         return body
 
 
@@ -59,18 +70,28 @@ class CompletionFormatter(_Formatter):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
-    def __init__(self, request_id: str, model: str, token_strings: TokenStrings) -> None:
-        super().__init__(request_id, model, token_strings)
-        self._text_offset = 0
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        token_strings: TokenStrings,
+        n: int = 1,
+        echo: Sequence[str] | None = None,
+    ) -> None:
+        """``echo[p]``: prompt p's text, prepended to its choices (``echo: true``)."""
+        super().__init__(request_id, model, token_strings, n)
+        self._echo = echo
+        self._text_offset: dict[int, int] = {}
+        self._echoed: set[int] = set()
 
-    def _logprobs(self, tokens: Sequence[SampledToken] | None) -> dict[str, Any] | None:
+    def _logprobs(self, index: int, tokens: Sequence[SampledToken] | None) -> dict[str, Any] | None:
         if tokens is None:
             return None
         strs = self.token_strings([t.token_id for t in tokens])
         offsets = []
         for s in strs:
-            offsets.append(self._text_offset)
-            self._text_offset += len(s)
+            offsets.append(self._text_offset.get(index, 0))
+            self._text_offset[index] = offsets[-1] + len(s)
         return {
             "tokens": strs,
             "token_logprobs": [t.logprob for t in tokens],
@@ -87,28 +108,38 @@ class CompletionFormatter(_Formatter):
             "text_offset": offsets,
         }
 
-    def chunk(self, out: RequestOutput) -> dict[str, Any] | None:
-        if not out.new_text and not out.finished and out.new_logprobs is None:
+    def _prefix(self, index: int) -> str:
+        if self._echo is None or index in self._echoed:
+            return ""
+        self._echoed.add(index)
+        return self._echo[index // self.n]
+
+    def chunk(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
+        prefix = self._prefix(index)
+        if not prefix and not out.new_text and not out.finished and out.new_logprobs is None:
             return None
         choice = {
-            "index": 0,
-            "text": out.new_text,
-            "logprobs": self._logprobs(out.new_logprobs),
+            "index": index,
+            "text": prefix + out.new_text,
+            "logprobs": self._logprobs(index, out.new_logprobs),
             "finish_reason": finish_reason(out),
             "stop_reason": out.stop_reason,
         }
         return self._envelope(self.chunk_object_name, [choice])
 
-    def response(self, final: RequestOutput) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": final.text,
-            "logprobs": self._logprobs(final.logprobs),
-            "finish_reason": finish_reason(final),
-            "stop_reason": final.stop_reason,
-        }
-        body = self._envelope(self.object_name, [choice])
-        body["usage"] = usage(final)
+    def response(self, finals: Mapping[int, RequestOutput]) -> dict[str, Any]:
+        choices = [
+            {
+                "index": i,
+                "text": self._prefix(i) + out.text,
+                "logprobs": self._logprobs(i, out.logprobs),
+                "finish_reason": finish_reason(out),
+                "stop_reason": out.stop_reason,
+            }
+            for i, out in sorted(finals.items())
+        ]
+        body = self._envelope(self.object_name, choices)
+        body["usage"] = usage(finals, self.n)
         return body
 
 
@@ -116,9 +147,19 @@ class ChatFormatter(_Formatter):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def __init__(self, request_id: str, model: str, token_strings: TokenStrings) -> None:
-        super().__init__(request_id, model, token_strings)
-        self._sent_role = False
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        token_strings: TokenStrings,
+        n: int = 1,
+        parse_tools: bool = False,
+    ) -> None:
+        super().__init__(request_id, model, token_strings, n)
+        self._parse_tools = parse_tools
+        self._sent_role: set[int] = set()
+        self._tools: dict[int, ToolCallStream] = {}
+        self._num_calls: dict[int, int] = {}
 
     def _entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
         s = self.token_strings([token_id])[0]
@@ -137,35 +178,58 @@ class ChatFormatter(_Formatter):
             ]
         }
 
-    def chunk(self, out: RequestOutput) -> dict[str, Any] | None:
+    def chunk(self, index: int, out: RequestOutput) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}
-        if not self._sent_role:
+        if index not in self._sent_role:
             delta["role"] = "assistant"
-            self._sent_role = True
-        if out.new_text:
-            delta["content"] = out.new_text
+            self._sent_role.add(index)
+        text, calls = out.new_text, list[ParsedCall]()
+        if self._parse_tools:
+            stream = self._tools.setdefault(index, ToolCallStream())
+            text, calls = stream.feed(out.new_text, out.finished)
+        if text:
+            delta["content"] = text
+        if calls:
+            first = self._num_calls.get(index, 0)
+            self._num_calls[index] = first + len(calls)
+            delta["tool_calls"] = [
+                {"index": first + k, **c.as_message()} for k, c in enumerate(calls)
+            ]
         if not delta and not out.finished and out.new_logprobs is None:
             return None
-        if "role" in delta:
+        if "role" in delta and "tool_calls" not in delta:
             delta.setdefault("content", "")
         choice = {
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": self._logprobs(out.new_logprobs),
-            "finish_reason": finish_reason(out),
+            "finish_reason": finish_reason(out, self._num_calls.get(index, 0) > 0),
         }
         return self._envelope(self.chunk_object_name, [choice])
 
-    def response(self, final: RequestOutput) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": final.text},
-            "logprobs": self._logprobs(final.logprobs),
-            "finish_reason": finish_reason(final),
-            "stop_reason": final.stop_reason,
-        }
-        body = self._envelope(self.object_name, [choice])
-        body["usage"] = usage(final)
+    def response(self, finals: Mapping[int, RequestOutput]) -> dict[str, Any]:
+        choices = []
+        for i, out in sorted(finals.items()):
+            content: str | None = out.text
+            calls: list[ParsedCall] = []
+            if self._parse_tools:
+                content, calls = parse_tool_calls(out.text)
+            message: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if calls:
+                message["tool_calls"] = [c.as_message() for c in calls]
+            else:
+                message["content"] = content or ""
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": self._logprobs(out.logprobs),
+                    "finish_reason": finish_reason(out, bool(calls)),
+                    "stop_reason": out.stop_reason,
+                }
+            )
+        body = self._envelope(self.object_name, choices)
+        body["usage"] = usage(finals, self.n)
         return body
 
 

@@ -1,82 +1,36 @@
 """The OpenAI-compatible HTTP server (FastAPI on uvicorn).
 
-``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``), ``/v1/models`` and
-``/health`` (with KV-block load, for probes and tests) and ``/metrics`` (Prometheus). Errors
-use OpenAI's body: ``{"error": {"message", "type", "param", "code"}}``.
+``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``), ``/v1/models``,
+``/tokenize`` and ``/detokenize`` (vLLM's), ``/health`` (with KV-block load, for probes and
+tests), ``/metrics`` (Prometheus) and ``/openapi.json``. Errors use OpenAI's body:
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import AsyncGenerator
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
 
 from engine.outputs import RequestOutput
 from router.admission import Slot
 from router.backend import GenerateRequest
-from router.errors import ErrorKind, RequestError, invalid_argument
+from router.errors import RequestError, invalid_argument
+from router.fanout import Sequence, best_of, expand, stream_all
+from router.http_body import CLIENT_CLOSED_REQUEST, error_body, error_response, parse_body
 from router.openai_format import ChatFormatter, CompletionFormatter, Formatter
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
+from router.openai_schemas import OPERATIONS
+from router.openapi_doc import install_openapi
 from router.service import Router
 from router.sse import SSEResponse, wait_for_disconnect
-
-M = TypeVar("M", bound=BaseModel)
-
-_HTTP_STATUS = {
-    ErrorKind.INVALID: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.BUSY: 429,
-    ErrorKind.TIMEOUT: 504,
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.INTERNAL: 500,
-}
-CLIENT_CLOSED_REQUEST = 499  # nginx's code; nobody reads it, but logs do
-
-
-def error_body(e: RequestError) -> dict[str, Any]:
-    status = _HTTP_STATUS[e.kind]
-    return {"error": {"message": e.message, "type": e.kind.value, "param": e.param, "code": status}}
-
-
-def error_response(e: RequestError) -> JSONResponse:
-    headers = {}
-    if e.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(e.retry_after_s)))
-    return JSONResponse(error_body(e), status_code=_HTTP_STATUS[e.kind], headers=headers)
-
-
-async def parse_body(request: Request, model: type[M]) -> M:
-    raw = await request.body()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(
-            ErrorKind.INVALID, f"the body is not valid UTF-8 (byte {e.start})"
-        ) from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RequestError(ErrorKind.INVALID, f"malformed JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise RequestError(ErrorKind.INVALID, "the body must be a JSON object")
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = str(first["loc"][0]) if first["loc"] else None
-        where = ".".join(
-            str(p)
-            for p in first["loc"][:1] + tuple(p for p in first["loc"][1:] if isinstance(p, int))
-        )
-        raise RequestError(ErrorKind.INVALID, f"{where}: {first['msg']}", param) from None
+from router.tokenize_api import add_tokenize_routes
 
 
 def build_app(router: Router) -> FastAPI:
@@ -106,68 +60,100 @@ def build_app(router: Router) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         info = backend.model_info()
-        card = {
-            "id": info.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "pdserve",
-            "max_model_len": info.max_model_len,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "pdserve",
+                "root": info.model,
+                "max_model_len": info.max_model_len,
+            }
+            for name in router.served_names
+        ]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         try:
-            body = await parse_body(request, CompletionRequest)
+            body = await parse_body(request, CompletionRequest, router)
             router.check_model(body.model)
             try:
                 params = body.sampling_params()
-                prompt = body.single_prompt()
+                prompts = body.prompts()
             except ValueError as e:
                 raise invalid_argument(e) from None
-            greq = router.prepare(params, prompt=prompt, priority=body.priority, id_prefix="cmpl")
+            router.check_fanout(len(prompts), body.n, body.best_of)
+            base = router.new_request_id("cmpl")
+            prepared = [
+                await router.prepare(params, prompt=p, priority=body.priority, request_id=base)
+                for p in prompts
+            ]
+            echo = None
+            if body.echo:
+                echo = [
+                    p if isinstance(p, str) else await router.detokenize(list(p)) for p in prompts
+                ]
             slot = router.admit()
         except RequestError as e:
             router.metrics.rejected(e)
             return error_response(e)
-        fmt = CompletionFormatter(greq.request_id, router.model_name, backend.token_strings)
-        return await _respond(request, router, greq, body.timeout, fmt, slot, body)
+        name = body.model or router.model_name
+        fmt = CompletionFormatter(base, name, backend.token_strings, body.n, echo)
+        return await _respond(request, router, prepared, body, fmt, slot)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         try:
-            body = await parse_body(request, ChatCompletionRequest)
+            body = await parse_body(request, ChatCompletionRequest, router)
             router.check_model(body.model)
             try:
                 params = body.sampling_params()
+                tool_mode = body.tool_mode()
             except ValueError as e:
                 raise invalid_argument(e) from None
+            router.check_fanout(1, body.n, body.best_of)
+            base = router.new_request_id("chatcmpl")
             messages = [m.as_template_input() for m in body.messages]
-            greq = router.prepare(
-                params, messages=messages, priority=body.priority, id_prefix="chatcmpl"
-            )
+            prepared = [
+                await router.prepare(
+                    params,
+                    messages=messages,
+                    tools=body.template_tools() if tool_mode != "none" else None,
+                    priority=body.priority,
+                    request_id=base,
+                )
+            ]
             slot = router.admit()
         except RequestError as e:
             router.metrics.rejected(e)
             return error_response(e)
-        fmt = ChatFormatter(greq.request_id, router.model_name, backend.token_strings)
-        return await _respond(request, router, greq, body.timeout, fmt, slot, body)
+        name = body.model or router.model_name
+        fmt = ChatFormatter(base, name, backend.token_strings, body.n, tool_mode != "none")
+        return await _respond(request, router, prepared, body, fmt, slot)
 
+    add_tokenize_routes(app, router)
+    install_openapi(app, OPERATIONS)
     return app
 
 
 async def _respond(
     request: Request,
     router: Router,
-    greq: GenerateRequest,
-    timeout_s: float | None,
+    prepared: list[GenerateRequest],
+    body: CompletionRequest | ChatCompletionRequest,
     fmt: Formatter,
     slot: Slot,
-    body: CompletionRequest | ChatCompletionRequest,
 ) -> Response:
-    deadline = router.deadline(timeout_s)
+    deadline = router.deadline(body.timeout)
+    n = body.n
+    runs = body.best_of or n
+    wants_logprobs = prepared[0].sampling_params.logprobs is not None
+    if runs > n and not wants_logprobs:  # best_of ranks by cumulative logprob
+        prepared = [router.with_logprobs(p) for p in prepared]
+    sequences = expand(prepared, runs)
     if body.stream:
-        events = _sse_events(router, greq, deadline, fmt, body.include_usage)
+        events = _sse_events(router, sequences, deadline, fmt, body.include_usage)
 
         async def on_close() -> None:
             await events.aclose()
@@ -175,22 +161,23 @@ async def _respond(
 
         return SSEResponse(events, on_close)
     with slot:
-        return await _whole(request, router, greq, deadline, fmt)
+        result = await _whole(request, router, sequences, deadline)
+    if isinstance(result, Response):
+        return result
+    if runs > n:
+        result = best_of(result, sequences, n, wants_logprobs)
+    return JSONResponse(fmt.response(result))
 
 
 async def _whole(
-    request: Request,
-    router: Router,
-    greq: GenerateRequest,
-    deadline: float | None,
-    fmt: Formatter,
-) -> Response:
-    async def last() -> RequestOutput:
-        final = None
-        async for out in router.stream(greq, deadline):
-            final = out
-        assert final is not None
-        return final
+    request: Request, router: Router, sequences: list[Sequence], deadline: float | None
+) -> dict[int, RequestOutput] | Response:
+    async def last() -> dict[int, RequestOutput]:
+        finals: dict[int, RequestOutput] = {}
+        async for index, out in stream_all(router, sequences, deadline):
+            if out.finished:
+                finals[index] = out
+        return finals
 
     collect = asyncio.ensure_future(last())
     watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
@@ -203,10 +190,9 @@ async def _whole(
     if collect.cancelled():  # the client went away; the request was aborted
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     try:
-        final = collect.result()
+        return collect.result()
     except RequestError as e:
         return error_response(e)
-    return JSONResponse(fmt.response(final))
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -215,18 +201,21 @@ def _sse(data: dict[str, Any] | str) -> str:
 
 async def _sse_events(
     router: Router,
-    greq: GenerateRequest,
+    sequences: list[Sequence],
     deadline: float | None,
     fmt: Formatter,
     include_usage: bool,
 ) -> AsyncGenerator[str, None]:
+    finals: dict[int, RequestOutput] = {}
     try:
-        async for out in router.stream(greq, deadline):
-            chunk = fmt.chunk(out)
+        async for index, out in stream_all(router, sequences, deadline):
+            chunk = fmt.chunk(index, out)
             if chunk is not None:
                 yield _sse(chunk)
-            if out.finished and include_usage:
-                yield _sse(fmt.usage_chunk(out))
+            if out.finished:
+                finals[index] = out
+        if include_usage:
+            yield _sse(fmt.usage_chunk(finals))
     except RequestError as e:
         yield _sse(error_body(e))  # the status line is long gone: report it in the stream
     yield _sse("[DONE]")

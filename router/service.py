@@ -14,10 +14,13 @@ cancellation, disconnect, an error) aborts the backend request, freeing its bloc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -25,24 +28,99 @@ from router.admission import Admission, AdmissionRejected, Slot
 from router.backend import Backend, GenerateRequest
 from router.errors import ErrorKind, RequestError, invalid_argument, unknown_model
 from router.metrics import RouterMetrics
+from router.request_limits import RequestLimits
+
+T = TypeVar("T")
 
 
 class Router:
     def __init__(
-        self, backend: Backend, admission: Admission, metrics: RouterMetrics | None = None
+        self,
+        backend: Backend,
+        admission: Admission,
+        metrics: RouterMetrics | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.backend = backend
         self.admission = admission
-        self.model_name = backend.model_info().model
+        info = backend.model_info()
+        self.model_name = info.model
         self.metrics = metrics or RouterMetrics("router", self.model_name)
         self.metrics.watch(admission, backend)
+        # Tokenizer work runs here, off the event loop, so a long prompt or chat template
+        # never stalls other requests' streams (the tokenizer releases the GIL while it
+        # encodes). One thread: a tokenizer object is not made for concurrent calls.
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="pdserve-tokenize")
+        self.limits = limits or RequestLimits.for_model(
+            info.max_model_len, _longest_token_chars(backend, info.vocab_size)
+        )
+        self.served_names = info.served_names or (info.model,)
+        # A client may name the model by any served name or by the path it was loaded from.
+        self._accepted_names = set(self.served_names)
+        if info.model_path:
+            self._accepted_names |= {info.model_path, str(Path(info.model_path).resolve())}
+
+    async def run_tokenizer(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn)
+
+    def check_text_length(self, text_chars: int, field: str) -> None:
+        """Refuse, before tokenizing it, a text too long to fit the model in any tokenization."""
+        if text_chars > self.limits.max_prompt_chars:
+            info = self.backend.model_info()
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"{field} is {text_chars} characters; no text longer than "
+                f"{self.limits.max_prompt_chars} characters fits in max_model_len "
+                f"({info.max_model_len}) tokens",
+                field,
+            )
 
     def check_model(self, requested: str | None) -> None:
         """An empty or missing model name means the served one."""
-        if requested and requested != self.model_name:
+        if requested and requested not in self._accepted_names:
             raise unknown_model(requested, self.model_name)
 
-    def prepare(
+    def check_fanout(self, num_prompts: int, n: int, best_of: int | None) -> None:
+        """Refuse more sequences in one request than the limits allow."""
+        lim = self.limits
+        if num_prompts > lim.max_batch_prompts:
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"prompt: at most {lim.max_batch_prompts} prompts per request, got {num_prompts}",
+                "prompt",
+            )
+        total = num_prompts * (best_of or n)
+        if total > lim.max_batch_prompts:
+            param = "best_of" if best_of else "n"
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"{param}: at most {lim.max_batch_prompts} sequences per request "
+                f"(prompts x {param}), got {total}",
+                param,
+            )
+
+    @staticmethod
+    def new_request_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """Text of prompt token ids (checked against the vocabulary), on the tokenizer thread."""
+        vocab = self.backend.model_info().vocab_size
+        for t in token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise RequestError(
+                    ErrorKind.INVALID, f"tokens: ids must be in [0, {vocab}), got {t!r}", "tokens"
+                )
+        return await self.run_tokenizer(lambda: self.backend.detokenize(token_ids))
+
+    @staticmethod
+    def with_logprobs(request: GenerateRequest) -> GenerateRequest:
+        """The request asking for its sampled tokens' logprobs (best_of ranks by them)."""
+        params = dataclasses.replace(request.sampling_params, logprobs=0)
+        return dataclasses.replace(request, sampling_params=params)
+
+    async def prepare(
         self,
         params: SamplingParams,
         prompt: str | Sequence[int] | None = None,
@@ -50,23 +128,31 @@ class Router:
         priority: int = 0,
         request_id: str | None = None,
         id_prefix: str = "req",
+        tools: list[dict[str, Any]] | None = None,
     ) -> GenerateRequest:
         """Tokenize the prompt (text, token ids or chat messages) and check it fits the model.
 
         Raises RequestError(INVALID) naming the field. Tokenizing here (not in the engine)
         lets the router route by prompt blocks and refuse an oversize prompt before any
-        response is started.
+        response is started. Text is length-checked first and tokenized on the tokenizer
+        thread.
         """
         arrival_time = time.monotonic()
         field = "messages" if messages is not None else "prompt"
         info = self.backend.model_info()
+        self.check_params(params)
         try:
             if messages is not None:
-                ids = self.backend.render_chat(messages)
+                self.check_text_length(_chat_chars(messages), "messages")
+                ids = await self.run_tokenizer(lambda: self.backend.render_chat(messages, tools))
             elif isinstance(prompt, str):
-                ids = self.backend.tokenize(prompt)
+                self.check_text_length(len(prompt), "prompt")
+                text = prompt
+                ids = await self.run_tokenizer(lambda: self.backend.tokenize(text))
             elif prompt is not None:
                 ids = list(prompt)
+                if len(ids) >= info.max_model_len:
+                    raise _too_long(field, len(ids), info.max_model_len)
                 for t in ids:
                     if (
                         isinstance(t, bool)
@@ -82,12 +168,17 @@ class Router:
             if not ids:
                 raise ValueError(f"{field} must not be empty")
             if len(ids) >= info.max_model_len:
-                raise ValueError(
-                    f"{field} is {len(ids)} tokens; it must be shorter than the model's "
-                    f"max_model_len ({info.max_model_len}) to leave room for output"
-                )
+                raise _too_long(field, len(ids), info.max_model_len)
         except ValueError as e:
             raise invalid_argument(e, field) from None
+        if params.max_tokens is not None and len(ids) + params.max_tokens > info.max_model_len:
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"max_tokens is {params.max_tokens}, but the {field} is {len(ids)} tokens and "
+                f"the model's max_model_len is {info.max_model_len}: at most "
+                f"{info.max_model_len - len(ids)} tokens can be generated",
+                "max_tokens",
+            )
         return GenerateRequest(
             request_id=request_id or f"{id_prefix}-{uuid.uuid4().hex}",
             sampling_params=params,
@@ -95,6 +186,46 @@ class Router:
             priority=priority,
             arrival_time=arrival_time,
         )
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The bounds sampling parameters must keep beyond their own validation: the
+        vocabulary and the router's request limits. Raises RequestError(INVALID)."""
+        lim = self.limits
+        vocab = self.backend.model_info().vocab_size
+        if params.structured is not None:
+            try:
+                params.structured.validate()
+            except ValueError as e:
+                raise invalid_argument(e) from None
+        if len(params.logit_bias) > lim.max_logit_bias:
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"logit_bias: at most {lim.max_logit_bias} entries",
+                "logit_bias",
+            )
+        for t, _ in params.logit_bias:  # type: ignore[misc]
+            if t >= vocab:
+                raise RequestError(
+                    ErrorKind.INVALID,
+                    f"logit_bias: token ids must be in [0, {vocab}), got {t}",
+                    "logit_bias",
+                )
+
+        def bad(param: str, message: str) -> RequestError:
+            return RequestError(ErrorKind.INVALID, f"{param}: {message}", param)
+
+        if len(params.stop) > lim.max_stop_strings:
+            raise bad(
+                "stop", f"at most {lim.max_stop_strings} stop strings, got {len(params.stop)}"
+            )
+        for s in params.stop:
+            if len(s) > lim.max_stop_chars:
+                raise bad("stop", f"a stop string may be at most {lim.max_stop_chars} characters")
+        if len(params.stop_token_ids) > lim.max_stop_token_ids:
+            raise bad("stop_token_ids", f"at most {lim.max_stop_token_ids} ids")
+        for t in params.stop_token_ids:
+            if t >= vocab:
+                raise bad("stop_token_ids", f"token ids must be in [0, {vocab}), got {t}")
 
     def admit(self) -> Slot:
         try:
@@ -149,3 +280,27 @@ class Router:
         finally:
             record.close()
             await outputs.aclose()  # aborts the request unless it finished
+
+
+def _too_long(field: str, num_tokens: int, max_model_len: int) -> ValueError:
+    return ValueError(
+        f"{field} is {num_tokens} tokens; it must be shorter than the model's "
+        f"max_model_len ({max_model_len}) to leave room for output"
+    )
+
+
+def _chat_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of every message's text: the rendered prompt holds at least these."""
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+    return total
+
+
+def _longest_token_chars(backend: Backend, vocab_size: int) -> int:
+    """Characters of the longest token's text, plus one: a token may stand for a space its
+    text alone leaves out (sentencepiece's leading "▁")."""
+    strings = backend.token_strings(range(vocab_size))
+    return max((len(s) for s in strings), default=1) + 1

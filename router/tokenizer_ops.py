@@ -17,15 +17,21 @@ class TokenizerOps:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
-        return [self.tokenizer.decode([t]) for t in token_ids]
+        return list(self.tokenizer.batch_decode([[t] for t in token_ids]))
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids from the tokenizer's chat template, generation prompt appended."""
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Prompt ids from the tokenizer's chat template, generation prompt appended. Tools
+        go to the template as ``tools`` (templates that do not render tools ignore them)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages: this model's tokenizer has no chat template")
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as e:  # jinja errors for messages the template cannot render
             raise ValueError(f"messages: the chat template failed: {e}") from e

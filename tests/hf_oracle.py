@@ -20,8 +20,14 @@ def _load(folder: str):  # type: ignore[no-untyped-def]
     return model
 
 
-def hf_greedy(folder: Path | str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation of one prompt, never stopping early (EOS ignored)."""
+def hf_greedy(
+    folder: Path | str,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    repetition_penalty: float = 1.0,
+) -> list[int]:
+    """Greedy continuation of one prompt, never stopping early (EOS ignored); with HF's own
+    ``RepetitionPenaltyLogitsProcessor`` when ``repetition_penalty`` is not 1."""
     from transformers import GenerationConfig
 
     model = _load(str(folder))
@@ -32,6 +38,7 @@ def hf_greedy(folder: Path | str, prompt_ids: list[int], max_new_tokens: int) ->
         eos_token_id=None,
         pad_token_id=0,
         bos_token_id=None,
+        repetition_penalty=repetition_penalty,
     )
     with torch.inference_mode():
         out = model.generate(

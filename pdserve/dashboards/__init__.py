@@ -2,7 +2,7 @@
 
 One module per dashboard (``slo_overview``, ``capacity``, ``transfer``) holds its panel table;
 ``panels`` the shared query builders; ``grafana`` the JSON layout. ``python -m
-pdserve.dashboards`` writes them to ``helm/dashboards/*.json``.
+pdserve.dashboards`` writes them to ``helm/pdserve/dashboards/*.json``.
 tests/observability/test_prometheus.py evaluates each query against a Prometheus scraping live
 pdserve processes: a panel that shows nothing fails it.
 """

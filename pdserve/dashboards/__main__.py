@@ -1,6 +1,6 @@
-"""Write pdserve's Grafana dashboards into helm/dashboards/.
+"""Write pdserve's Grafana dashboards into helm/pdserve/dashboards/ (the chart).
 
-python -m pdserve.dashboards           # rewrite helm/dashboards/*.json
+python -m pdserve.dashboards           # rewrite helm/pdserve/dashboards/*.json
 python -m pdserve.dashboards --check   # exit 1 if a JSON file is stale
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pdserve.dashboards import render
 
-OUT = Path(__file__).resolve().parents[2] / "helm" / "dashboards"
+OUT = Path(__file__).resolve().parents[2] / "helm" / "pdserve" / "dashboards"
 
 
 def main(argv: list[str] | None = None) -> int:

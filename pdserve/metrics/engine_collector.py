@@ -99,6 +99,12 @@ class EngineCollector:
             "Tokens this engine sampled (a remote prefill's first token not included).",
             m.num_generation_tokens,
         )
+        yield counter(
+            "pdserve_engine_prompt_tokens_computed",
+            "Prompt tokens run through the model (prefill compute; prefix-cache hits excluded, "
+            "recompute preemption counted again).",
+            m.num_prompt_tokens_computed,
+        )
         for name, doc, snap in (
             ("pdserve_engine_step_seconds", "Wall time of one engine step.", m.step_seconds),
             (

@@ -112,3 +112,40 @@ def test_block_manager_and_scheduler_import_no_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_kv_events_replay_to_exactly_the_cached_set() -> None:
+    """Replaying the stored/removed events gives the block manager's prefix cache, through
+    caching, sharing, LRU eviction and swap, however the requests interleave."""
+    import random
+
+    rng = random.Random(3)
+    bm = BlockManager(12, 4, num_host_blocks=8)
+    bm.allocate("warm", 8)
+    bm.cache_blocks("warm", hash_block_tokens(list(range(8)), 4), 8)
+    bm.enable_kv_events()  # what was cached before is reported first
+    replayed: set[bytes] = set()
+    live: dict[str, list[int]] = {}
+    for step in range(400):
+        if live and rng.random() < 0.4:
+            rid = rng.choice(sorted(live))
+            bm.free(rid)
+            del live[rid]
+        else:
+            rid = f"r{step}"
+            tokens = [rng.randrange(3) for _ in range(rng.randrange(4, 20))]
+            hashes = hash_block_tokens(tokens, 4)
+            hits = bm.find_cached_prefix(hashes)
+            if bm.allocate(rid, len(tokens), hits) is None:
+                continue
+            bm.cache_blocks(rid, hashes, len(tokens))
+            live[rid] = tokens
+        for kind, h in bm.take_kv_events():
+            if kind == "stored":
+                assert h not in replayed
+                replayed.add(h)
+            else:
+                replayed.remove(h)
+        assert replayed == set(bm._cached)
+        bm.check_integrity()
+    assert bm.take_kv_events() == []

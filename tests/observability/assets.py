@@ -1,4 +1,4 @@
-"""The dashboards and rule files under helm/, as the queries Prometheus must answer."""
+"""The chart's dashboards and rule files (helm/pdserve/), as the queries Prometheus answers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DASHBOARDS = REPO_ROOT / "helm" / "dashboards"
-RULES = REPO_ROOT / "helm" / "rules"
+DASHBOARDS = REPO_ROOT / "helm" / "pdserve" / "dashboards"
+RULES = REPO_ROOT / "helm" / "pdserve" / "rules"
 RULE_FILES = sorted(RULES.glob("*.yaml"))
 RULE_TESTS = sorted((RULES / "tests").glob("*.yaml"))
 

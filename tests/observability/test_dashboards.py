@@ -1,4 +1,4 @@
-"""helm/dashboards: the JSON is what ``python -m pdserve.dashboards`` makes; panels well formed."""
+"""helm/pdserve/dashboards: the JSON ``python -m pdserve.dashboards`` makes; panels well formed."""
 
 from __future__ import annotations
 

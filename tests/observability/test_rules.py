@@ -1,4 +1,4 @@
-"""helm/rules: promtool accepts every rule file and its unit tests pass."""
+"""helm/pdserve/rules: promtool accepts every rule file and its unit tests pass."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 120.0
+# As `pdserve serve --worker-start-timeout-s`: a loaded 2-core machine took 89 s.
+STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -60,9 +61,18 @@ class Server:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                _kill_group(self.process)
         return self.process.returncode
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the server and every worker it started (its own process group): killing the
+    router alone would leave its prefill and decode workers running, orphaned."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
@@ -77,7 +87,13 @@ def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
         *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # one group with its workers, for _kill_group
     )
     lines: list[str] = []
     found: dict[str, str] = {}
@@ -96,7 +112,7 @@ def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
 
     threading.Thread(target=pump, daemon=True).start()
     if not ready.wait(STARTUP_TIMEOUT_S) or "http" not in found:
-        proc.kill()
+        _kill_group(proc)
         raise RuntimeError("server did not start:\n" + "".join(lines))
     server = Server(proc, found["grpc"], found["http"], "tiny", lines, colocated)
     deadline = time.monotonic() + 30

@@ -77,7 +77,8 @@ BAD_HTTP: list[tuple[str, str, Any, int, str | None]] = [
      "stop_token_ids"),
     ("min_tokens > max_tokens", "completions", {**GOOD, "min_tokens": 5}, 400, "min_tokens"),
     ("top_k negative", "completions", {**GOOD, "top_k": -2}, 400, "top_k"),
-    ("n > 1", "completions", {**GOOD, "n": 2}, 400, "n"),
+    ("n 0", "completions", {**GOOD, "n": 0}, 400, "n"),
+    ("n > 128", "completions", {**GOOD, "n": 129}, 400, "n"),
     ("timeout 0", "completions", {**GOOD, "timeout": 0}, 400, "timeout"),
 ]  # fmt: skip
 

@@ -44,17 +44,18 @@ def test_admission_bounds_and_release_is_idempotent() -> None:
 def test_request_bodies_map_to_sampling_params() -> None:
     c = CompletionRequest.model_validate(
         {"prompt": "hi", "max_tokens": 5, "temperature": 0, "top_k": 3, "stop": "x",
-         "stop_token_ids": [7], "ignore_eos": True, "min_tokens": 1, "logprobs": 2,
-         "unknown_field": 1}
+         "stop_token_ids": [7], "ignore_eos": True, "min_tokens": 1, "logprobs": 2}
     )  # fmt: skip
+    with pytest.raises(ValueError, match="unknown_field"):  # never silently ignored (issue 19)
+        CompletionRequest.model_validate({"prompt": "hi", "unknown_field": 1})
     assert c.sampling_params() == SamplingParams(
         max_tokens=5, temperature=0.0, top_k=3, stop=("x",), stop_token_ids=(7,),
         ignore_eos=True, min_tokens=1, logprobs=2,
     )  # fmt: skip
-    assert c.single_prompt() == "hi"
-    assert CompletionRequest.model_validate({"prompt": [[1, 2]]}).single_prompt() == [1, 2]
-    with pytest.raises(ValueError, match=r"^prompt: batches"):
-        CompletionRequest.model_validate({"prompt": ["a", "b"]}).single_prompt()
+    assert c.prompts() == ["hi"]
+    assert CompletionRequest.model_validate({"prompt": [[1, 2]]}).prompts() == [[1, 2]]
+    assert CompletionRequest.model_validate({"prompt": ["a", "b"]}).prompts() == ["a", "b"]
+    assert CompletionRequest.model_validate({"prompt": [1, 2]}).prompts() == [[1, 2]]
     chat = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}],
          "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 3}
@@ -62,7 +63,9 @@ def test_request_bodies_map_to_sampling_params() -> None:
     assert chat.sampling_params().max_tokens == 4 and chat.sampling_params().logprobs == 3
     assert chat.sampling_params().temperature == 1.0  # OpenAI's default, not greedy
     assert chat.messages[0].as_template_input() == {"role": "user", "content": "a"}
-    assert ChatCompletionRequest.model_validate({"messages": [{"role": "user"}]}).sampling_params()
+    for missing in ({"role": "user"}, {"role": "system", "content": None}):
+        with pytest.raises(ValueError, match="content"):  # issue 12 defect 8
+            ChatCompletionRequest.model_validate({"messages": [missing]})
     with pytest.raises(ValueError, match=r"^top_logprobs"):
         ChatCompletionRequest.model_validate(
             {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}
@@ -122,14 +125,16 @@ def test_response_formatting() -> None:
         return [f"<{i}>" for i in ids]
 
     chat = ChatFormatter("id", "m", strings)
-    first = chat.chunk(_output([4], False, text="a"))
+    first = chat.chunk(0, _output([4], False, text="a"))
     assert first is not None and first["choices"][0]["delta"] == {"role": "assistant",
                                                                   "content": "a"}  # fmt: skip
     lp = first["choices"][0]["logprobs"]["content"][0]
     assert lp["token"] == "<4>" and lp["bytes"] == list(b"<4>") and len(lp["top_logprobs"]) == 2
-    last = chat.chunk(_output([], True, "length"))
+    last = chat.chunk(0, _output([], True, "length"))
     assert last is not None and last["choices"][0]["finish_reason"] == "length"
-    comp = CompletionFormatter("id", "m", strings).response(_output([4, 5], True, "length", "ab"))
+    comp = CompletionFormatter("id", "m", strings).response(
+        {0: _output([4, 5], True, "length", "ab")}
+    )
     assert comp["choices"][0]["text"] == "ab"
     assert comp["choices"][0]["logprobs"]["text_offset"] == [0, 3]
     assert comp["usage"]["total_tokens"] == 5
@@ -177,8 +182,13 @@ class FakeBackend:
     def token_strings(self, token_ids: Sequence[int]) -> list[str]:
         return [str(t) for t in token_ids]
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         return self.tokenize("".join(m["content"] for m in messages))
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return "".join(self.token_strings(token_ids))
 
     async def close(self) -> None:
         return None
@@ -190,10 +200,10 @@ def test_router_flow_over_a_fake_backend() -> None:
     router = Router(checked, Admission(4))
 
     with pytest.raises(RequestError) as info:
-        router.prepare(SamplingParams(), prompt="x" * 64)
+        asyncio.run(router.prepare(SamplingParams(), prompt="x" * 64))
     assert info.value.param == "prompt" and "max_model_len" in info.value.message
     with pytest.raises(RequestError) as info:
-        router.prepare(SamplingParams(), messages=[{"role": "user", "content": ""}])
+        asyncio.run(router.prepare(SamplingParams(), messages=[{"role": "user", "content": ""}]))
     assert info.value.param == "messages"
     with pytest.raises(RequestError) as info:
         router.check_model("other")
@@ -202,23 +212,23 @@ def test_router_flow_over_a_fake_backend() -> None:
     router.check_model("fake")
 
     async def main() -> None:
-        req = router.prepare(SamplingParams(max_tokens=3), prompt="abc", request_id="ok")
+        req = await router.prepare(SamplingParams(max_tokens=3), prompt="abc", request_id="ok")
         outs = [o async for o in router.stream(req, router.deadline(10))]
         assert [o.new_token_ids for o in outs] == [[0], [1], [2]] and outs[-1].finished
 
-        slow = router.prepare(SamplingParams(max_tokens=1000), prompt="abc", request_id="slow")
+        slow = await router.prepare(SamplingParams(max_tokens=60), prompt="abc", request_id="slow")
         with pytest.raises(RequestError) as timeout:
             async for _ in router.stream(slow, router.deadline(0.05)):
                 pass
         assert timeout.value.kind is ErrorKind.TIMEOUT
 
-        bad = router.prepare(SamplingParams(seed=666), prompt="abc", request_id="bad")
+        bad = await router.prepare(SamplingParams(seed=666), prompt="abc", request_id="bad")
         with pytest.raises(RequestError) as invalid:
             async for _ in router.stream(bad, None):
                 pass
         assert invalid.value.kind is ErrorKind.INVALID and invalid.value.param == "seed"
 
-        gone = router.prepare(SamplingParams(max_tokens=1000), prompt="abc", request_id="gone")
+        gone = await router.prepare(SamplingParams(max_tokens=60), prompt="abc", request_id="gone")
 
         async def consume() -> None:
             async for _ in router.stream(gone, None):

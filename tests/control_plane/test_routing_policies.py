@@ -1,0 +1,120 @@
+"""Routing decisions pinned on constructed loads (no processes, no Redis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from router.routing import NoWorkerError, RouteCandidate, RouteRequest, make_policy
+from router.routing.kv_aware import KvAwarePolicy
+
+
+def cand(
+    wid: str, used: int = 0, active: int = 0, queued: int = 0, blocks: int = 1000
+) -> RouteCandidate:
+    return RouteCandidate(wid, blocks, used, active, queued)
+
+
+def test_round_robin_cycles_both_pools() -> None:
+    rr = make_policy("round_robin")
+    d = [cand("d1"), cand("d0")]
+    p = [cand("p0"), cand("p1"), cand("p2")]
+    picks = [rr.choose(RouteRequest(64, 16), d, p) for _ in range(6)]
+    assert [c.decode_id for c in picks] == ["d0", "d1"] * 3
+    assert [c.prefill_id for c in picks] == ["p0", "p1", "p2"] * 2
+    assert picks[0].decode_ranking == (("d0", 0.0), ("d1", 0.0))
+
+
+def test_least_loaded_uses_block_share_and_queued_prefill() -> None:
+    ll = make_policy("least_loaded")
+    d = [cand("d0", used=500), cand("d1", used=100, blocks=200), cand("d2", used=300)]
+    p = [cand("p0", queued=4096), cand("p1", queued=100)]
+    choice = ll.choose(RouteRequest(64, 16), d, p)
+    assert [w for w, _ in choice.decode_ranking] == ["d2", "d0", "d1"]  # 30% < 50% < 50%
+    assert choice.prefill_id == "p1" and choice.reason == "load"
+
+
+def test_least_loaded_keeps_short_prompts_local() -> None:
+    ll = make_policy("least_loaded", local_prefill_max_tokens=32)
+    choice = ll.choose(RouteRequest(20, 16), [cand("d0")], [cand("p0")])
+    assert choice.prefill_id is None and choice.reason == "local_prefill"
+
+
+def test_kv_aware_prefers_the_prefill_worker_that_caches_the_prefix() -> None:
+    kv = KvAwarePolicy()
+    req = RouteRequest(1024, 16, cached_blocks={"p1": 60})
+    choice = kv.choose(req, [cand("d0")], [cand("p0"), cand("p1", queued=256)])
+    # p0: 64 uncached blocks; p1: 4 uncached + 16 queued blocks
+    assert choice.prefill_id == "p1" and choice.reason == "kv_hit"
+    assert choice.prefill_ranking == ("p1", "p0")
+
+
+def test_kv_aware_load_beats_a_small_hit() -> None:
+    kv = KvAwarePolicy()
+    req = RouteRequest(1024, 16, cached_blocks={"p1": 2})
+    choice = kv.choose(req, [cand("d0")], [cand("p0"), cand("p1", queued=16 * 40)])
+    assert choice.prefill_id == "p0" and choice.reason == "load"
+
+
+def test_kv_aware_decode_cost_counts_used_blocks_and_transfer() -> None:
+    kv = KvAwarePolicy(transfer_scale=1.0)
+    req = RouteRequest(16 * 40, 16, cached_blocks={"d1": 40})
+    choice = kv.choose(req, [cand("d0", used=10), cand("d1", used=30)], [cand("p0")])
+    # d0: 10 + 40 to receive; d1: 30 + 0 (all cached there) -> d1
+    assert choice.decode_ranking == (("d1", 30.0), ("d0", 50.0))
+
+
+def test_kv_aware_prefills_on_decode_when_it_holds_most_of_the_prompt() -> None:
+    kv = KvAwarePolicy(local_prefill_hit_ratio=0.9)
+    req = RouteRequest(16 * 20, 16, cached_blocks={"d0": 19})
+    choice = kv.choose(req, [cand("d0"), cand("d1")], [cand("p0")])
+    assert choice.prefill_id is None and choice.reason == "local_prefill"
+    assert choice.decode_id == "d0"
+
+
+def test_kv_aware_prefills_short_uncached_parts_locally() -> None:
+    kv = KvAwarePolicy(local_prefill_max_blocks=2)
+    short = kv.choose(RouteRequest(20, 16), [cand("d0")], [cand("p0")])
+    long = kv.choose(RouteRequest(16 * 10, 16), [cand("d0")], [cand("p0")])
+    assert short.prefill_id is None and long.prefill_id == "p0"
+
+
+def test_kv_aware_share_cap_spreads_a_hot_prefix() -> None:
+    kv = KvAwarePolicy(share_cap=1.5)
+    req = RouteRequest(1024, 16, cached_blocks={"p0": 64})
+    # p0 caches everything but already has 7 of the pool's 8 active requests.
+    choice = kv.choose(req, [cand("d0")], [cand("p0", active=7), cand("p1", active=1)])
+    assert choice.prefill_id == "p1"
+    # Within its share it keeps the hit.
+    choice = kv.choose(req, [cand("d0")], [cand("p0", active=4), cand("p1", active=4)])
+    assert choice.prefill_id == "p0"
+
+
+def test_kv_aware_ties_spread_and_temperature_samples() -> None:
+    kv = KvAwarePolicy(seed=1)
+    d = [cand("d0"), cand("d1"), cand("d2")]
+    counts = Counter(kv.choose(RouteRequest(64, 16), d, [cand("p0")]).decode_id for _ in range(300))
+    assert set(counts) == {"d0", "d1", "d2"} and min(counts.values()) > 50
+    warm = KvAwarePolicy(temperature=0.5, seed=2)
+    d = [cand("d0", used=0), cand("d1", used=100)]
+    counts = Counter(
+        warm.choose(RouteRequest(64, 16), d, [cand("p0")]).decode_id for _ in range(400)
+    )
+    assert counts["d0"] > counts["d1"] > 0
+
+
+def test_no_worker_and_bad_options() -> None:
+    for name in ("kv_aware", "least_loaded", "round_robin"):
+        with pytest.raises(NoWorkerError):
+            make_policy(name).choose(RouteRequest(16, 16), [], [cand("p0")])
+    with pytest.raises(ValueError, match="unknown"):
+        make_policy("random")
+    with pytest.raises(ValueError, match="share_cap"):
+        KvAwarePolicy(share_cap=0.5)
+
+
+def test_no_prefill_pool_means_local_prefill() -> None:
+    for name in ("kv_aware", "least_loaded", "round_robin"):
+        choice = make_policy(name).choose(RouteRequest(1024, 16), [cand("d0")], [])
+        assert choice.prefill_id is None and choice.reason == "local_prefill"

@@ -1,0 +1,223 @@
+"""Issue 12 defects 7 and 8 against a real server (both modes): bad input that used to reach a
+500, stall the event loop or be accepted gets a 400/413 (INVALID_ARGUMENT) naming the field,
+and the server keeps serving everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from engine.sampling_params import SamplingParams
+from protos.pdserve.v1 import generate_pb2 as pb
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
+from router.admission import Admission
+from router.request_limits import RequestLimits
+from router.service import Router
+from tests.router.conftest import MAX_MODEL_LEN
+from tests.router.server_harness import Server
+from tests.router.test_router_units import FakeBackend
+
+pytestmark = pytest.mark.timeout(300)
+
+GOOD: dict[str, Any] = {"prompt": [5, 6, 7], "max_tokens": 2}
+CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def _raw(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode()  # ensure_ascii: a lone surrogate goes out as "\ud800"
+
+
+BAD: list[tuple[str, str, bytes, int, str | None, str]] = [
+    # (case, path, raw body, status, param, a word the message must hold)
+    ("lone surrogate", "completions", _raw({**GOOD, "prompt": "hi \ud800"}), 400, "prompt",
+     "surrogate"),
+    ("lone surrogate chat", "chat/completions",
+     _raw({**CHAT, "messages": [{"role": "user", "content": "a \udfff b"}]}), 400, "messages",
+     "surrogate"),
+    ("lone surrogate in a stop string", "completions", _raw({**GOOD, "stop": ["\ud83d"]}), 400,
+     "stop", "surrogate"),
+    ("[ x 100,000", "completions", b"[" * 100_000, 400, None, "nests"),
+    ("deep but well-formed", "completions",
+     b'{"prompt": ' + b"[" * 200 + b"5" + b"]" * 200 + b"}", 400, "prompt", "nests"),
+    ("Infinity", "completions", b'{"prompt": [5], "temperature": Infinity}', 400, None,
+     "Infinity"),
+    ("NaN", "chat/completions",
+     b'{"messages": [{"role": "user", "content": "a"}], "top_p": NaN}', 400, None, "NaN"),
+    ("temperature 1e999", "completions", b'{"prompt": [5], "temperature": 1e999}', 400,
+     "temperature", "finite"),
+    ("max_tokens 1e9", "completions", _raw({**GOOD, "max_tokens": 1_000_000_000}), 400,
+     "max_tokens", "max_model_len"),
+    ("max_tokens 1e9 chat", "chat/completions", _raw({**CHAT, "max_tokens": 1_000_000_000}), 400,
+     "max_tokens", "max_model_len"),
+    ("max_tokens past the context", "completions",
+     _raw({**GOOD, "max_tokens": MAX_MODEL_LEN - 2}), 400, "max_tokens", "max_model_len"),
+    ("stop_token_ids beyond the vocabulary", "completions",
+     _raw({**GOOD, "stop_token_ids": [1_000_000_000]}), 400, "stop_token_ids", "token ids"),
+    ("content null", "chat/completions",
+     _raw({**CHAT, "messages": [{"role": "user", "content": None}]}), 400, "messages", "content"),
+    ("content missing", "chat/completions",
+     _raw({**CHAT, "messages": [{"role": "system"}, {"role": "user", "content": "a"}]}), 400,
+     "messages", "content"),
+    ("17 stop strings", "completions", _raw({**GOOD, "stop": [f"s{i}" for i in range(17)]}), 400,
+     "stop", "at most"),
+    ("a long stop string", "completions", _raw({**GOOD, "stop": "x" * 1000}), 400, "stop",
+     "characters"),
+    ("logprobs 21", "completions", _raw({**GOOD, "logprobs": 21}), 400, "logprobs", "20"),
+    ("top_logprobs 21", "chat/completions",
+     _raw({**CHAT, "logprobs": True, "top_logprobs": 21}), 400, "top_logprobs", "20"),
+    ("text longer than any prompt that fits", "completions",
+     _raw({**GOOD, "prompt": "ab" * 100_000}), 400, "prompt", "characters"),
+    ("chat longer than any prompt that fits", "chat/completions",
+     _raw({**CHAT, "messages": [{"role": "user", "content": "ab" * 100_000}]}), 400, "messages",
+     "characters"),
+    ("seed 2**64", "completions", _raw({**GOOD, "seed": 2**64}), 400, "seed", "2**64"),
+    ("body over the limit", "completions", _raw({**GOOD, "prompt": "a" * (10 << 20)}), 413, None,
+     "bytes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "word"),
+    [case[1:] for case in BAD],
+    ids=[case[0] for case in BAD],
+)
+def test_bad_input_gets_a_clear_error(
+    server: Server, path: str, body: bytes, status: int, param: str | None, word: str
+) -> None:
+    r = httpx.post(
+        f"{server.http_url}/v1/{path}",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and err["param"] == param, err
+    assert word in err["message"], err
+    if param is not None:
+        assert param in err["message"]
+
+
+def test_a_huge_prompt_never_stalls_other_requests(server: Server) -> None:
+    """A 10 MB prompt used to be tokenized on the event loop: /health took 15 s meanwhile."""
+    huge = _raw({**GOOD, "prompt": "hello world " * 900_000})
+    under_limit = _raw({**GOOD, "prompt": "hello world " * 300_000})  # 3.6 MB: read, refused
+
+    async def main() -> tuple[list[int], list[float]]:
+        async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as client:
+
+            async def post(body: bytes) -> int:
+                r = await client.post(
+                    "/v1/completions", content=body, headers={"content-type": "application/json"}
+                )
+                return r.status_code
+
+            async def health_latencies() -> list[float]:
+                out = []
+                for _ in range(10):
+                    t0 = time.monotonic()
+                    assert (await client.get("/health")).status_code == 200
+                    out.append(time.monotonic() - t0)
+                    await asyncio.sleep(0.05)
+                return out
+
+            big = [asyncio.create_task(post(b)) for b in (huge, under_limit, huge, under_limit)]
+            latencies = await health_latencies()
+            return list(await asyncio.gather(*big)), latencies
+
+    statuses, latencies = asyncio.run(main())
+    assert sorted(statuses) == [400, 400, 413, 413]
+    assert max(latencies) < 5.0, latencies  # generous: this is a loaded 2-core machine
+    _still_serves(server)
+
+
+BAD_GRPC: list[tuple[str, pb.GenerateRequest, str]] = [
+    ("temperature inf", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        temperature=float("inf"))), "temperature"),
+    ("top_p nan", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        top_p=float("nan"))), "top_p"),
+    ("max_tokens 1e9", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        max_tokens=1_000_000_000)), "max_tokens"),
+    ("stop_token_ids beyond the vocabulary", pb.GenerateRequest(
+        text="hi", sampling_params=pb.SamplingParams(stop_token_ids=[1_000_000_000])),
+     "stop_token_ids"),
+    ("17 stop strings", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        stop=[f"s{i}" for i in range(17)])), "stop"),
+    ("text longer than any prompt that fits", pb.GenerateRequest(text="ab" * 100_000),
+     "prompt"),
+    ("logprobs 50", pb.GenerateRequest(text="hi", sampling_params=pb.SamplingParams(
+        logprobs=50)), "logprobs"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("request_msg", "field"), [case[1:] for case in BAD_GRPC], ids=[case[0] for case in BAD_GRPC]
+)
+def test_bad_grpc_input_gets_invalid_argument(
+    server: Server, request_msg: pb.GenerateRequest, field: str
+) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Generate(request_msg, timeout=30))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert field in (info.value.details() or "")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Tokenize(pb.TokenizeRequest(text="ab" * 100_000), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "characters" in (info.value.details() or "")
+
+
+def _still_serves(server: Server) -> None:
+    r = httpx.post(
+        f"{server.http_url}/v1/completions",
+        json={"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0, "ignore_eos": True},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    server.wait_pool_free()
+
+
+def test_limits_follow_the_model() -> None:
+    small = RequestLimits.for_model(max_model_len=1024, max_token_chars=14)
+    assert small.max_prompt_chars == 14 * 1024
+    assert small.max_body_bytes >= 6 * small.max_prompt_chars
+    big = RequestLimits.for_model(max_model_len=32768, max_token_chars=129)
+    assert big.max_prompt_chars == 32768 * 129 and big.max_body_bytes > small.max_body_bytes
+
+
+class _ThreadRecordingBackend(FakeBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return super().tokenize(text, add_special_tokens)
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return [1, 2, 3]
+
+
+def test_tokenization_runs_off_the_event_loop() -> None:
+    backend = _ThreadRecordingBackend()
+    router = Router(backend, Admission(4))
+
+    async def main() -> None:
+        await router.prepare(SamplingParams(max_tokens=2), prompt="abc")
+        await router.prepare(
+            SamplingParams(max_tokens=2), messages=[{"role": "user", "content": "a"}]
+        )
+
+    asyncio.run(main())
+    assert backend.threads and all(t.startswith("pdserve-tokenize") for t in backend.threads)
