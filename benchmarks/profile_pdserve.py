@@ -108,8 +108,12 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
         out = last.get("out")
         num_seqs = len(out.scheduled) if out is not None else 0
         num_tokens = out.num_scheduled_tokens if out is not None else 0
+        # Key positions the step's attention reads: every scheduled request's whole context.
+        keys = (
+            sum(r.num_computed_tokens + r.num_scheduled_tokens for r in out.scheduled) if out else 0
+        )
         record = {k: timers.total[k] - before.get(k, 0.0) for k in timers.total}
-        record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens)
+        record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens, keys=keys)
         steps.append(record)
         return result
 
@@ -118,7 +122,10 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
     return steps
 
 
-def report(steps: list[dict[str, float]], wall_s: float) -> None:
+def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float]) -> None:
+    """Per group of steps, where the time goes; for decode steps also attention against the
+    time to read its KV once and the GEMMs against streaming their weights once, both at the
+    read bandwidth ``floors['read_gbps']`` measured in the same run."""
     groups = {
         "prefill+decode steps": [s for s in steps if s["num_tokens"] > s["num_seqs"]],
         "decode-only steps": [s for s in steps if 0 < s["num_tokens"] == s["num_seqs"]],
@@ -156,6 +163,20 @@ def report(steps: list[dict[str, float]], wall_s: float) -> None:
             print(
                 f"  {text:<50} {sums[key]:>7.2f} s {sums[key] / sums['wall']:>6.1%}"
                 f" {sums[key] / n * 1e3:>8.2f} ms/step"
+            )
+        if name == "decode-only steps":
+            bw = floors["read_gbps"] * 1e9
+            kv_ms = sums["keys"] / n * floors["kv_bytes_per_position"] / bw * 1e3
+            gemm_ms = floors["layer_weight_bytes"] / bw * 1e3
+            att_ms = sums["attention"] / n * 1e3
+            mm_ms = sums["gemm"] / n * 1e3
+            print(
+                f"  at {floors['read_gbps']:.1f} GB/s read bandwidth (measured in this run): "
+                f"attention {att_ms:.1f} ms vs reading its KV once ({sums['keys'] / n:,.0f} "
+                f"positions) {kv_ms:.1f} ms = {att_ms / kv_ms:.2f}x; decoder GEMMs {mm_ms:.1f} "
+                f"ms vs streaming their weights once "
+                f"({floors['layer_weight_bytes'] / 1e6:.0f} MB) {gemm_ms:.1f} ms = "
+                f"{mm_ms / gemm_ms:.2f}x"
             )
 
 
@@ -239,7 +260,15 @@ def main() -> None:
         f"{num_output / wall_s:.1f} tok/s, {flops / wall_s / 1e9:.1f} GFLOP/s of useful "
         f"matmul work (torch threads {torch.get_num_threads()}, timers on)"
     )
-    report(steps, wall_s)
+    from benchmarks.floor import BYTES_PER_PARAM, kv_bytes_per_position
+    from benchmarks.roofline import measure_read_bandwidth
+
+    floors = {
+        "read_gbps": measure_read_bandwidth(),
+        "kv_bytes_per_position": kv_bytes_per_position(shape),
+        "layer_weight_bytes": BYTES_PER_PARAM * shape.params_in_linear_layers,
+    }
+    report(steps, wall_s, floors)
     if args.op_profile_steps:
         op_profile(
             llm,
