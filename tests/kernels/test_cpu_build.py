@@ -167,3 +167,7 @@ def test_failed_build_is_logged_and_not_retried(tmp_path):
     assert len(logs) == 1 and "deliberately broken" in logs[0].read_text()
     assert "compiler output in" in runs[0].stderr
     assert "failed to build before" in runs[1].stderr and "building" not in runs[1].stderr
+    for r in runs:  # one line says so; the compiler output goes to the log, not to stderr
+        warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING")]
+        assert len(warnings) == 1 and "torch path" in warnings[0], r.stderr
+        assert "deliberately broken" not in r.stderr
