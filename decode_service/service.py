@@ -1,191 +1,152 @@
-"""``DecodeWorker`` servicer: reserve blocks, receive the prompt's KV, stream tokens.
+"""``DecodeWorker`` servicer: a thin gRPC shell around an engine whose KV connector imports.
 
-Ownership of a remote-prefill request's blocks, step by step:
+    Generate ─▶ engine.generate(import) ─▶ the scheduler queues the request until it has the
+                prompt's blocks (never refused for lack of room), the connector reserves them
+                in the KV receiver ─▶ first message: the reservation ticket (to the router,
+                then a prefill worker) ─▶ the KV arrives ─▶ the request runs from the first
+                token sampled on prefill ─▶ token deltas
 
-    reserve_remote_prefill (engine)  ──▶ receiver.reserve (kv_transfer)  ──▶ ticket to router
-          │                                   │
-          │        transfer complete ◀────────┘── on_transfer_complete: engine admits, streams
-          └──── released (abort, lease expiry, peer lost, stream cancelled)
-                   on_reservation_released: engine frees the blocks — only then, because the
-                   receiver guarantees no write to them is still in flight.
+Short prompts may be prefilled here (``local_prefill_max_tokens``): first message
+``local_prefill``. While a stream has nothing to send (queued for blocks, waiting for its KV,
+preempted) it sends a heartbeat every ``heartbeat_s``, so the router tells a long queue from a
+stalled worker. Cancelling the stream aborts the request wherever it is; blocks are freed once
+no write can touch them (kv_transfer.decode_connector). A request id is served by one stream
+at a time (a second gets INVALID_ARGUMENT), and a draining worker refuses new requests with
+UNAVAILABLE (pdserve.worker_process.Drain).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
-from engine.async_engine import AsyncEngine
-from engine.llm_engine import LLMEngine
+from decode_service.heartbeat import HEARTBEAT_S, HeartbeatWriter
+from engine.async_engine import AsyncEngine, EngineShutdownError
+from engine.kv_connector.params import KVTransferParams
 from engine.metrics import LATENCY_BUCKETS_S, Histogram
-from engine.outputs import RemotePrefillReservation, RequestOutput
-from kv_transfer import CompletedTransfer, ReleaseReason
-from kv_transfer.receiver import ReceiverBase
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from kv_transfer.decode_connector import DecodeConnector
+from kv_transfer.transport import KVReceiver
 from pdserve.wire import delta_to_proto, sampling_params_from_proto
+from pdserve.worker_process import Drain, integrity_error
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
 
-logger = logging.getLogger(__name__)
-
-TRANSFER_TIMEOUT_S = 120.0
-
-
-class _Waiter:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.future: asyncio.Future[CompletedTransfer | ReleaseReason] = loop.create_future()
-        self.completed = False  # set by the receiver's thread before the future settles
-
-    def settle(self, value: CompletedTransfer | ReleaseReason) -> None:
-        def _set() -> None:
-            if not self.future.done():
-                self.future.set_result(value)
-
-        try:
-            self.loop.call_soon_threadsafe(_set)
-        except RuntimeError:  # loop closed: the stream is gone already
-            pass
-
-
-class DecodeOwner:
-    """The ``kv_transfer.ReservationOwner`` of the decode worker: routes the receiver's
-    callbacks (any thread) to the request's waiting stream and frees released blocks."""
-
-    def __init__(self) -> None:
-        self.engine: AsyncEngine | None = None
-        self._lock = threading.Lock()
-        self._waiters: dict[str, _Waiter] = {}
-
-    def expect(self, request_id: str, waiter: _Waiter) -> None:
-        with self._lock:
-            self._waiters[request_id] = waiter
-
-    def forget(self, request_id: str) -> None:
-        with self._lock:
-            self._waiters.pop(request_id, None)
-
-    def on_transfer_complete(self, result: CompletedTransfer) -> None:
-        with self._lock:
-            waiter = self._waiters.pop(result.request_id, None)
-        if waiter is not None:
-            waiter.completed = True  # from here on the stream owns the blocks
-            waiter.settle(result)
-        elif self.engine is not None:  # nobody waits any more: give the blocks back
-            self.engine.abort(result.request_id)
-
-    def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
-    ) -> None:
-        if self.engine is not None:
-            self.engine.abort(request_id)  # frees the reserved blocks in the engine thread
-        with self._lock:
-            waiter = self._waiters.pop(request_id, None)
-        if waiter is not None:
-            waiter.settle(reason)
+_HEARTBEAT = wpb.DecodeMessage(heartbeat=True)
 
 
 class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(
-        self, engine: AsyncEngine, receiver: ReceiverBase, owner: DecodeOwner, transport: str
+        self,
+        engine: AsyncEngine,
+        connector: DecodeConnector,
+        receiver: KVReceiver,
+        transport: str,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self._engine = engine
+        self._connector = connector
         self._receiver = receiver
-        self._owner = owner
         self._transport = transport
-        owner.engine = engine
-        # TTFT stage "decode_admission": all KV arrived -> first token sent to the router.
+        self._heartbeat_s = heartbeat_s
+        self.drain = Drain("decode worker")
+        # TTFT stage "decode_admission": ticket sent -> first token sent to the router.
         self.admission_seconds = Histogram(LATENCY_BUCKETS_S)
 
     async def Generate(
         self, request: wpb.WorkerGenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[wpb.DecodeMessage]:
+    ) -> None:  # type: ignore[override]
         rid = request.request_id
         try:
             params = sampling_params_from_proto(request.sampling_params)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        async with self.drain.serving(rid, context):
+            async with HeartbeatWriter(
+                context.write, _HEARTBEAT, self._heartbeat_s, lambda: self._engine.is_running
+            ) as out:
+                try:
+                    await self._generate(rid, request, params, context, out)
+                except EngineShutdownError as e:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"decode worker: {e}")
+
+    async def _generate(
+        self,
+        rid: str,
+        request: wpb.WorkerGenerateRequest,
+        params: SamplingParams,
+        context: grpc.aio.ServicerContext,
+        out: HeartbeatWriter,
+    ) -> None:
         ids = list(request.prompt_token_ids)
         threshold = request.local_prefill_max_tokens
-        if threshold < 0 or (threshold > 0 and len(ids) <= threshold):
-            stream = self._engine.generate(
-                rid, prompt_token_ids=ids, sampling_params=params, priority=request.priority
-            )
+        local = threshold < 0 or (threshold > 0 and len(ids) <= threshold)
+        ticket = None if local else self._connector.expect_ticket(rid)
+        stream = self._engine.generate(
+            rid,
+            prompt_token_ids=ids,
+            sampling_params=params,
+            priority=request.priority,
+            kv_transfer=None if local else KVTransferParams("import"),
+        )
+        first = asyncio.ensure_future(anext(stream))  # submits the request to the engine
+        ticketed = 0.0
+        try:
+            if ticket is None:
+                await out.write(wpb.DecodeMessage(local_prefill=True))
+            else:
+                waiting: set[asyncio.Future[Any]] = {ticket, first}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if ticket.done() and ticket.exception() is None:
+                    await out.write(wpb.DecodeMessage(reservation=ticket.result().to_proto()))
+                    ticketed = time.monotonic()
             try:
-                first = await anext(stream)
+                o: RequestOutput = await first
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            yield wpb.DecodeMessage(local_prefill=True)
-            yield wpb.DecodeMessage(output=delta_to_proto(first))
-            async for out in stream:
-                yield wpb.DecodeMessage(output=delta_to_proto(out))
-            return
-
-        def reserve(e: LLMEngine) -> RemotePrefillReservation | None:
-            return e.reserve_remote_prefill(
-                rid, prompt_token_ids=ids, sampling_params=params, priority=request.priority
-            )
-
-        try:
-            reservation = await self._engine.call(reserve)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if reservation is None:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, "no free KV blocks for this prompt now"
-            )
-            return
-        waiter = _Waiter(asyncio.get_running_loop())
-        self._owner.expect(rid, waiter)
-        reserved = False
-        admitted = False
-        try:
-            ticket = self._receiver.reserve(rid, reservation.block_ids, reservation.cached_blocks)
-            reserved = True
-            yield wpb.DecodeMessage(reservation=ticket.to_proto())
-            result = await asyncio.wait_for(waiter.future, TRANSFER_TIMEOUT_S)
-            if isinstance(result, ReleaseReason):
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"KV transfer for {rid} ended before completion: {result.value}",
-                )
-            assert isinstance(result, CompletedTransfer)
-            first_id, first_lp = result.first_token_id, result.first_token_logprob
-
-            def admit(e: LLMEngine) -> list[RequestOutput]:
-                return [e.admit_remote_prefill(rid, first_id, first_lp)]
-
-            admitted = True
-            arrived = time.monotonic()
-            async for out in self._engine.attach(rid, admit):
-                if arrived:
-                    self.admission_seconds.observe(time.monotonic() - arrived)
-                    arrived = 0.0
-                yield wpb.DecodeMessage(output=delta_to_proto(out))
+            except StopAsyncIteration:
+                await context.abort(grpc.StatusCode.INTERNAL, "the engine ended the stream")
+            if ticketed:
+                self.admission_seconds.observe(time.monotonic() - ticketed)
+            while True:
+                if o.finish_reason == "error":
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE, o.error or f"request {rid} failed"
+                    )
+                await out.write(wpb.DecodeMessage(output=delta_to_proto(o)))
+                if o.finished:
+                    return
+                o = await anext(stream)
         finally:
-            self._owner.forget(rid)  # a completion after this frees the blocks itself
-            if not admitted:
-                if reserved and not waiter.completed:
-                    # The receiver releases (at once, or once an in-flight write stops) and
-                    # its callback frees the blocks.
-                    self._receiver.abort(rid)
-                else:
-                    self._engine.abort(rid)
+            self._connector.forget(rid)
+            if not first.done():
+                first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await stream.aclose()  # aborts the request unless it finished
 
     async def GetLoad(
         self, request: wpb.GetLoadRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerLoad:
         s = self._engine.stats
-        return wpb.WorkerLoad(
+        load = wpb.WorkerLoad(
             role="decode",
             num_blocks=s.num_blocks,
             num_free_blocks=s.num_free_blocks,
             num_running_requests=s.num_running + s.num_swapped,
-            num_waiting_requests=s.num_waiting,
+            num_waiting_requests=s.num_waiting + s.num_waiting_for_remote_kv,
             kv_endpoint=self._receiver.endpoint,
             transport=self._transport,
+            num_reservations=self._receiver.num_reservations() + s.num_waiting,
+            draining=self.drain.is_draining,
         )
+        if request.check_integrity:
+            load.integrity_checked = True
+            load.integrity_error = await integrity_error(self._engine, self._check_receiver)
+        return load
+
+    def _check_receiver(self) -> None:
+        self._receiver.check_integrity()

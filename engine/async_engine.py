@@ -16,7 +16,6 @@ submitted, so an abort issued after a generate always finds (or outlives) its re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections import deque
@@ -24,31 +23,16 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from engine.engine_stats import EngineStats
+from engine.kv_connector.params import KVTransferParams
 from engine.llm_engine import LLMEngine
+from engine.metrics import EngineMetrics
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot the engine thread publishes after every step and command batch."""
-
-    num_blocks: int
-    num_free_blocks: int
-    num_host_blocks: int
-    num_free_host_blocks: int
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    num_steps: int
-
-    @property
-    def kv_usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_blocks
 
 
 class EngineShutdownError(RuntimeError):
@@ -62,12 +46,11 @@ class _Stream:
 
 
 @dataclass
-class _Attach:
-    """Open a stream for a request that ``start`` puts into the engine (e.g. a request whose
-    KV arrived from a remote prefill); ``start``'s outputs are delivered first."""
+class _Add:
+    """Queue a request (``LLMEngine.add_request`` arguments) and open its stream."""
 
     request_id: str
-    start: Callable[[LLMEngine], list[RequestOutput]]
+    kwargs: dict[str, Any]
     stream: _Stream
     accepted: asyncio.Future[None]
 
@@ -84,7 +67,7 @@ class _Call:
     result: asyncio.Future[Any]
 
 
-_Command = _Attach | _Abort | _Call
+_Command = _Add | _Abort | _Call
 
 
 def error_output(request_id: str, reason: str = "error") -> RequestOutput:
@@ -110,9 +93,11 @@ class AsyncEngine:
     def __init__(
         self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None
     ) -> None:
-        """``on_step(engine)`` runs on the engine thread after every step (the prefill role
-        drains its KV-export progress there); it must be quick and must not raise."""
+        """``on_step(engine)`` runs on the engine thread after every step and after every batch
+        of commands (a worker moves the engine's prefix-cache events to the control plane
+        there); it must be quick."""
         self.engine = engine
+        engine.set_wakeup(self._wake)
         self._on_step = on_step
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
@@ -124,6 +109,12 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ public
     @property
+    def metrics(self) -> EngineMetrics:
+        """The engine's latency and step histograms (thread-safe to read). Counters and
+        queue sizes are in ``stats``."""
+        return self.engine.metrics
+
+    @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
@@ -134,43 +125,33 @@ class AsyncEngine:
         sampling_params: SamplingParams | None = None,
         prompt_token_ids: Sequence[int] | None = None,
         priority: int = 0,
+        kv_transfer: KVTransferParams | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Queue a request and yield its per-step outputs; the last one has ``finished``.
 
         Raises ValueError (from ``add_request``) before yielding anything if the request is
         invalid. If the consumer stops early (cancellation, ``aclose()``, an exception), the
         request is aborted and its blocks freed; wrap partial consumption in
-        ``contextlib.aclosing`` so that happens promptly.
+        ``contextlib.aclosing`` so that happens promptly. ``kv_transfer``: the prompt's KV
+        leaves or enters through the engine's KV connector (prefill and decode workers).
         """
-
-        def start(engine: LLMEngine) -> list[RequestOutput]:
-            engine.add_request(
-                request_id, prompt, sampling_params, prompt_token_ids, priority=priority
-            )
-            return []
-
-        # aclosing: an early exit here closes the inner stream at once, which aborts.
-        async with contextlib.aclosing(self.attach(request_id, start)) as stream:
-            async for out in stream:
-                yield out
-
-    async def attach(
-        self, request_id: str, start: Callable[[LLMEngine], list[RequestOutput]]
-    ) -> AsyncGenerator[RequestOutput, None]:
-        """Run ``start(engine)`` on the engine thread (it admits ``request_id`` some other way
-        than ``add_request``) and stream the request's outputs, ``start``'s own first. Errors
-        from ``start`` (ValueError for bad input) are raised before anything is yielded. Early
-        exit aborts the request."""
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         accepted: asyncio.Future[None] = loop.create_future()
-        self._submit(_Attach(request_id, start, stream, accepted))
+        kwargs: dict[str, Any] = dict(
+            prompt=prompt,
+            sampling_params=sampling_params,
+            prompt_token_ids=prompt_token_ids,
+            priority=priority,
+            kv_transfer=kv_transfer,
+        )
+        self._submit(_Add(request_id, kwargs, stream, accepted))
         try:
             await accepted
         except ValueError:
-            raise  # rejected by start (e.g. add_request): nothing was queued under this id
+            raise  # rejected by add_request: nothing was queued under this id
         except BaseException:
-            self.abort(request_id)  # cancelled while start was in flight
+            self.abort(request_id)  # cancelled while the add was in flight
             raise
         finished = False
         try:
@@ -217,6 +198,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self.engine
+        busy = False
         while True:
             with self._cond:
                 while not self._commands and not self._stopping and not self._has_work():
@@ -229,7 +211,10 @@ class AsyncEngine:
             if stopping:
                 self._close_all()
                 break
+            if commands:  # they may have changed the cache (an abort frees blocks)
+                self._run_hook()
             if self._has_work():
+                busy = True
                 try:
                     outputs = engine.step()
                 except Exception:
@@ -238,20 +223,31 @@ class AsyncEngine:
                     self.stats = self._snapshot()
                 else:
                     self.stats = self._snapshot()  # before delivery: a reader sees this step
-                    if self._on_step is not None:  # before delivery: hook effects come first
-                        try:
-                            self._on_step(engine)
-                        except Exception:
-                            logger.exception("on_step hook failed")
+                    self._run_hook()  # before delivery: hook effects come first
                     self._deliver(outputs)
             else:
+                if busy:  # just went idle: the cheap moment to check the pool's invariants
+                    busy = False
+                    engine.check_invariants()
                 self.stats = self._snapshot()
 
     def _has_work(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return self.engine.has_work()
+
+    def _wake(self) -> None:
+        """The KV connector has news (any thread): step even if nothing else is pending."""
+        with self._cond:
+            self._cond.notify()
+
+    def _run_hook(self) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step(self.engine)
+            except Exception:
+                logger.exception("on_step hook failed")
 
     def _execute(self, command: _Command, stopping: bool) -> None:
-        if isinstance(command, _Attach):
+        if isinstance(command, _Add):
             if stopping:
                 _resolve(
                     command.stream.loop,
@@ -261,13 +257,12 @@ class AsyncEngine:
                 )
                 return
             try:
-                first = command.start(self.engine)
+                self.engine.add_request(command.request_id, **command.kwargs)
             except Exception as e:
                 _resolve(command.stream.loop, command.accepted, None, e)
                 return
             self._streams[command.request_id] = command.stream
             _resolve(command.stream.loop, command.accepted, None, None)
-            self._deliver(first)
         elif isinstance(command, _Abort):
             self.engine.abort_request(command.request_id)
             self._streams.pop(command.request_id, None)
@@ -324,18 +319,7 @@ class AsyncEngine:
             self._execute(command, stopping=True)
 
     def _snapshot(self) -> EngineStats:
-        bm = self.engine.block_manager
-        sched = self.engine.scheduler
-        return EngineStats(
-            num_blocks=bm.num_blocks,
-            num_free_blocks=bm.num_free_blocks,
-            num_host_blocks=bm.num_host_blocks,
-            num_free_host_blocks=bm.num_free_host_blocks,
-            num_running=len(sched.running),
-            num_waiting=len(sched.waiting),
-            num_swapped=len(sched.swapped),
-            num_steps=self.engine.num_steps,
-        )
+        return self.engine.stats()
 
 
 def _put_all(batch: list[tuple[_Stream, RequestOutput]]) -> None:

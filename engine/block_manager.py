@@ -24,13 +24,50 @@ plane's cluster KV index (``control_plane.kv_events``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Iterator, Sequence
+from typing import Literal, overload
 
 from engine.block_hash import BlockHash
 
 BlockId = int
 KVCacheEvent = tuple[Literal["stored", "removed"], BlockHash]
+
+
+class BlockTable(Sequence[BlockId]):
+    """A read-only view of one request's block table (the block manager's own list, never
+    copied; slices are tuples). Compares equal to any sequence of the same ids."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: list[BlockId]) -> None:
+        self._ids = ids
+
+    @overload
+    def __getitem__(self, index: int) -> BlockId: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[BlockId, ...]: ...
+    def __getitem__(self, index: int | slice) -> BlockId | tuple[BlockId, ...]:
+        if isinstance(index, slice):
+            return tuple(self._ids[index])
+        return self._ids[index]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[BlockId]:
+        return iter(self._ids)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockTable):
+            return self._ids == other._ids
+        if isinstance(other, (list, tuple)):
+            return self._ids == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a live view: its value changes
+
+    def __repr__(self) -> str:
+        return f"BlockTable({self._ids!r})"
 
 
 class BlockManager:
@@ -92,9 +129,11 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def block_table(self, request_id: str) -> list[BlockId]:
-        """The request's device block table. Callers must not modify it."""
-        return self._tables.get(request_id, [])
+    def block_table(self, request_id: str) -> BlockTable:
+        """A read-only view of the request's device block table (empty for an unknown
+        request). The view follows the table as it grows: copy it (``tuple(view)``) to keep
+        the table of this moment."""
+        return BlockTable(self._tables.get(request_id, []))
 
     def host_block_table(self, request_id: str) -> list[BlockId]:
         return self._host_tables.get(request_id, [])
@@ -241,6 +280,10 @@ class BlockManager:
         assert not set(host_used) & set(self._host_free), "host block both free and used"
         assert len(host_used) + len(self._host_free) == self.num_host_blocks
         assert not set(self._tables) & set(self._host_tables), "request on device and host"
+
+    def owners(self) -> set[str]:
+        """Ids of the requests holding device or host blocks (a copy)."""
+        return set(self._tables) | set(self._host_tables)
 
     def is_idle(self) -> bool:
         """True when no request holds any block (cached free blocks are fine)."""

@@ -13,10 +13,13 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import save_file
+if TYPE_CHECKING:
+    import torch
+
+# torch and safetensors load only to build a model: finding the cached demo imports neither,
+# so a router (no model of its own) can default to the demo without paying for torch.
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -182,6 +185,8 @@ def make_random_model(
     config.dtype = "float32"
     config.save_pretrained(str(folder))
 
+    from safetensors.torch import save_file
+
     save_file(
         _random_weights(architecture, common, seed),
         str(folder / "model.safetensors"),
@@ -191,6 +196,8 @@ def make_random_model(
 
 
 def _random_weights(arch: str, c: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     h, hd = c["hidden_size"], c["head_dim"]
     nq, nkv, inter = c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]

@@ -1,33 +1,77 @@
-"""Everything needed to build an engine, in one place (the CLI and services fill it in)."""
+"""Everything needed to build an engine, in one place, each field with its help text.
+
+This dataclass is the one source of the engine's options: ``pdserve.options`` derives the
+command-line flags (name, type, choices, help) from its fields and turns a config back into
+argv for a worker process or a Helm chart, so no flag list is ever written twice. A field's
+``metadata`` may give ``help``, ``choices`` and ``flag`` (an explicit flag, e.g. the
+``--no-...`` form of a boolean that defaults to True).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar, get_args
 
 from engine.scheduler_config import BatchingName, PreemptionModeName, QueuePolicyName
+
+T = TypeVar("T")
+
+
+def opt(default: T, help: str, **extra: object) -> T:
+    """A dataclass field with its command-line help (and ``choices`` / ``flag``)."""
+    return field(default=default, metadata={"help": help, **extra})  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # Hugging Face folder; None = the built-in demo model
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    attention_backend: str | None = None  # None = by device (cpu kernels or torch; triton)
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None = sized from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
-    num_host_blocks: int | None = None  # None = sized from swap_space_gb
-    swap_space_gb: float = 0.5
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None = the model's max_position_embeddings
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    scheduling_policy: QueuePolicyName = "fcfs"
-    preemption_mode: PreemptionModeName = "auto"
-    swap_threshold_tokens: int = 256
-    batching: BatchingName = "continuous"  # static: the baseline for benchmarks only
-    skip_tokenizer_init: bool = False
-    seed: int = 0
-    num_threads: int | None = None  # CPU: torch intra-op threads (None = torch's default)
+    model: str | None = opt(None, "Hugging Face model folder (default: the built-in demo model)")
+    dtype: str = opt(
+        "auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    attention_backend: str | None = opt(
+        None,
+        "attention kernels (default: by device)",
+        choices=("torch", "cpu", "triton"),
+    )
+    block_size: int = opt(16, "tokens per KV block")
+    num_kv_blocks: int | None = opt(None, "device KV blocks (default: from --kv-cache-memory-gb)")
+    kv_cache_memory_gb: float = opt(1.0, "device memory for the KV cache, GiB")
+    num_host_blocks: int | None = opt(
+        None, "host (swap) KV blocks (default: from --swap-space-gb)"
+    )
+    swap_space_gb: float = opt(0.5, "host memory for swapped-out KV blocks, GiB")
+    enable_prefix_caching: bool = opt(
+        True, "reuse the KV blocks of shared prompt prefixes", flag="--no-prefix-caching"
+    )
+    max_num_seqs: int = opt(128, "most requests in the running batch")
+    max_num_batched_tokens: int = opt(
+        2048, "per-step token budget (decode tokens plus prefill chunks)"
+    )
+    max_model_len: int | None = opt(None, "longest prompt + output (default: the model's)")
+    enable_chunked_prefill: bool = opt(
+        True, "split long prompts across steps", flag="--no-chunked-prefill"
+    )
+    long_prefill_token_threshold: int = opt(
+        0, "cap on one request's prefill chunk per step (0: the budget alone)"
+    )
+    scheduling_policy: QueuePolicyName = opt(
+        "fcfs", "waiting-queue order", choices=get_args(QueuePolicyName)
+    )
+    preemption_mode: PreemptionModeName = opt(
+        "auto",
+        "when blocks run out: swap to host memory, recompute, or auto (swap long contexts)",
+        choices=get_args(PreemptionModeName),
+    )
+    swap_threshold_tokens: int = opt(256, "auto preemption swaps contexts of this many tokens")
+    batching: BatchingName = opt(
+        "continuous",
+        "static: a new batch only after the last one drained (a benchmark baseline)",
+        choices=get_args(BatchingName),
+    )
+    skip_tokenizer_init: bool = opt(False, "load no tokenizer (token-id prompts only)")
+    seed: int = opt(0, "random seed of the engine (unseeded sampling)")
+    num_threads: int | None = opt(None, "CPU: torch intra-op threads (default: torch's)")
+    check_invariants: bool = opt(
+        False, "check the KV pool's invariants after every step (always when idle)"
+    )

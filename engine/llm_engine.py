@@ -5,10 +5,11 @@ Not thread-safe: one thread owns an engine (the services run it in a dedicated l
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,16 +19,19 @@ from engine.block_manager import BlockManager
 from engine.demo_model import demo_model_path
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_config import EngineConfig
+from engine.engine_stats import EngineStats
 from engine.kv_cache import KVCache
 from engine.kv_cache_spec import KVCacheSpec
+from engine.kv_connector.base import KVConnector, NullConnector
+from engine.kv_connector.params import KVTransferParams
 from engine.metrics import EngineMetrics
 from engine.model_config import load_model_config
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import PrefillProgress, RemotePrefillReservation, RequestOutput
+from engine.outputs import RequestOutput, SampledToken
 from engine.prompt_validation import resolve_prompt_ids
 from engine.request import Request, RequestStatus
-from engine.sampler import SampledToken
+from engine.request_snapshot import RequestSnapshot
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_config import SchedulerConfig
@@ -44,7 +48,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, kv_connector: KVConnector | None = None) -> None:
+        """``kv_connector``: how KV enters or leaves this engine (a prefill or decode worker's
+        connector); None for an engine that keeps its KV to itself."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -96,13 +102,15 @@ class LLMEngine:
             swap_threshold_tokens=config.swap_threshold_tokens,
             batching=config.batching,
         )
-        self.scheduler = Scheduler(self.scheduler_config, self.block_manager)
+        self.kv_connector: KVConnector = kv_connector or NullConnector()
+        self.kv_connector.set_wakeup(self._wake)
+        self._wakeup: Callable[[], None] | None = None
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.kv_connector)
         self.backend = get_attention_backend(self.device, config.attention_backend)
         self.runner = ModelRunner(mc, self.model, self.kv_cache, self.backend, self.device)
         self._tracked: dict[str, TrackedRequest] = {}
-        self._remote: dict[str, TrackedRequest] = {}  # decode role: reserved, KV still arriving
-        self._exporting: set[str] = set()  # prefill role: requests whose KV is shipped out
-        self._progress: list[PrefillProgress] = []
+        self._num_invariant_checks = 0
+        self._num_invariant_failures = 0
         self._ids = itertools.count()
         self.num_steps = 0
         self.metrics = EngineMetrics()  # read by the services' metrics exporters
@@ -137,23 +145,17 @@ class LLMEngine:
         prompt_token_ids: Sequence[int] | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
-        export_kv: bool = False,
+        kv_transfer: KVTransferParams | None = None,
     ) -> Request:
         """Validate and queue a request. Raises ValueError naming the problem; the engine's
-        state is unchanged on error.
-
-        ``export_kv`` (prefill role): report the request's computed blocks after every step
-        (``take_prefill_progress``) and keep its blocks after it finishes until
-        ``release_kv(request_id)``, so a transfer can read them.
-        """
+        state is unchanged on error. ``kv_transfer``: the prompt's KV is exported through, or
+        imported from, the engine's KV connector."""
         request, tracked = self._build_request(
             request_id, prompt, sampling_params, prompt_token_ids, priority, arrival_time
         )
-        request.hold_blocks_on_finish = export_kv
+        request.kv_transfer = kv_transfer
         self.scheduler.add_request(request)
         self._tracked[request_id] = tracked
-        if export_kv:
-            self._exporting.add(request_id)
         return request
 
     def _build_request(
@@ -168,7 +170,7 @@ class LLMEngine:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
-        if request_id in self._tracked or request_id in self._remote:
+        if request_id in self._tracked or request_id in self.scheduler.delayed_free:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if params.structured is not None:
             params.structured.validate()  # a bad grammar is the caller's error, not the step's
@@ -207,91 +209,107 @@ class LLMEngine:
         return request, tracked
 
     def abort_request(self, request_id: str) -> bool:
-        """Stop a request and free its blocks (including blocks held for a KV export or
-        reserved for a remote prefill). Idempotent; False if the engine did not know it."""
-        known = False
-        remote = self._remote.pop(request_id, None)
-        if remote is not None:
-            self.block_manager.free(request_id)
-            known = True
+        """Stop a request wherever it is and free its blocks (once the KV connector no longer
+        uses them). Idempotent; False if the engine did not know it."""
         tracked = self._tracked.pop(request_id, None)
-        if tracked is not None:
-            self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
-            known = True
-        self._exporting.discard(request_id)
-        if self.scheduler.release_held(request_id):
-            known = True
-        return known
+        finished = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        return tracked is not None or finished is not None
 
-    # ------------------------------------------------------- disaggregated roles
-    def reserve_remote_prefill(
-        self,
-        request_id: str,
-        prompt: str | None = None,
-        sampling_params: SamplingParams | None = None,
-        prompt_token_ids: Sequence[int] | None = None,
-        priority: int = 0,
-        arrival_time: float | None = None,
-    ) -> RemotePrefillReservation | None:
-        """Decode role: allocate blocks for a prompt another worker will prefill.
+    def set_wakeup(self, wake: Callable[[], None]) -> None:
+        """``wake()`` is called (from any thread) when the KV connector has news for an engine
+        that may be idle, e.g. a prompt's KV arrived; the owner of the loop then steps."""
+        self._wakeup = wake
 
-        Blocks whose prefix this engine already caches are reused and reported in
-        ``cached_blocks`` (the prefill side skips them). Returns ``None`` (nothing changed)
-        when the pool has no room now. Raises ValueError for a bad request. The caller must
-        end the reservation with ``admit_remote_prefill`` or ``abort_request``.
-        """
-        request, tracked = self._build_request(
-            request_id, prompt, sampling_params, prompt_token_ids, priority, arrival_time
-        )
-        hashes = request.update_block_hashes(self.block_manager.block_size)
-        hits = self.block_manager.find_cached_prefix(hashes)
-        if self.block_manager.allocate(request_id, request.num_prompt_tokens, hits) is None:
-            return None
-        request.num_cached_tokens = len(hits) * self.block_manager.block_size
-        self._remote[request_id] = tracked
-        return RemotePrefillReservation(
-            request_id=request_id,
-            block_ids=tuple(self.block_manager.block_table(request_id)),
-            cached_blocks={i: hashes[i] for i in range(len(hits))},
-            num_prompt_tokens=request.num_prompt_tokens,
-            prompt_token_ids=tuple(request.prompt_token_ids),
-        )
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup()
 
-    def admit_remote_prefill(
-        self, request_id: str, first_token_id: int, first_token_logprob: float | None = None
-    ) -> RequestOutput:
-        """Decode role: every block of the prompt has arrived; start decoding from the first
-        token the prefill worker sampled. Returns that token's output (maybe final)."""
-        tracked = self._remote.pop(request_id, None)
+    def snapshot(self, request_id: str) -> RequestSnapshot | None:
+        """The request as plain data (None when the engine does not know it)."""
+        tracked = self._tracked.get(request_id)
         if tracked is None:
-            raise KeyError(f"no remote-prefill reservation for {request_id!r}")
-        request = tracked.request
-        request.num_computed_tokens = request.num_prompt_tokens
-        request.append_output_token(first_token_id)
-        hashes = request.update_block_hashes(self.block_manager.block_size)
-        self.block_manager.cache_blocks(request_id, hashes, request.num_prompt_tokens)
-        self._tracked[request_id] = tracked
-        tracked.first_scheduled_time = time.monotonic()
-        self.scheduler.add_prefilled(request)
-        status = self.scheduler.check_stop(request, first_token_id)
-        if status is not None:
-            self.scheduler.finish_request(request_id, status, request.stop_reason)
-        token = SampledToken(first_token_id, first_token_logprob)
-        return self._make_output(tracked, token, time.monotonic())
+            return None
+        r = tracked.request
+        params = r.sampling_params
+        num_out = r.num_output_tokens
+        detok = tracked.detok
+        return RequestSnapshot(
+            request_id=request_id,
+            status=r.status.value,
+            prompt_token_ids=tuple(r.prompt_token_ids),
+            output_token_ids=tuple(r.output_token_ids),
+            sampling_params=params,
+            priority=r.priority,
+            num_computed_tokens=r.num_computed_tokens,
+            num_cached_tokens=r.num_cached_tokens,
+            num_preemptions=r.num_preemptions,
+            remaining_max_tokens=None if params.max_tokens is None else params.max_tokens - num_out,
+            remaining_min_tokens=max(0, params.min_tokens - num_out),
+            seed=params.seed,
+            num_sampled_tokens=num_out,
+            emitted_text=detok.emitted_text if detok is not None else "",
+            held_back_text=detok.text[len(detok.emitted_text) :] if detok is not None else "",
+            stop_reason=r.stop_reason,
+        )
 
-    def take_prefill_progress(self) -> list[PrefillProgress]:
-        """Prefill role: for every ``export_kv`` request computed in the last step, how far
-        its KV is now complete. Drains the list."""
-        progress, self._progress = self._progress, []
-        return progress
+    def stats(self) -> EngineStats:
+        """A snapshot of the pool, the queues and the counters (engine thread)."""
+        bm, sched, st = self.block_manager, self.scheduler, self.scheduler.stats
+        return EngineStats(
+            block_size=bm.block_size,
+            num_blocks=bm.num_blocks,
+            num_free_blocks=bm.num_free_blocks,
+            num_host_blocks=bm.num_host_blocks,
+            num_free_host_blocks=bm.num_free_host_blocks,
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            num_waiting_for_remote_kv=len(sched.waiting_for_remote_kv),
+            num_swapped=len(sched.swapped),
+            num_delayed_free=len(sched.delayed_free),
+            num_steps=self.num_steps,
+            num_preemptions_swap=st.num_preemptions_swap,
+            num_preemptions_recompute=st.num_preemptions_recompute,
+            num_blocks_swapped_out=st.num_blocks_swapped_out,
+            num_blocks_swapped_in=st.num_blocks_swapped_in,
+            num_prefix_query_blocks=st.num_prefix_query_blocks,
+            num_prefix_hit_blocks=st.num_prefix_hit_blocks,
+            num_invariant_checks=self._num_invariant_checks,
+            num_invariant_failures=self._num_invariant_failures,
+        )
 
-    def release_kv(self, request_id: str) -> bool:
-        """Prefill role: the transfer is over; free the finished request's held blocks."""
-        self._exporting.discard(request_id)
-        return self.scheduler.release_held(request_id)
+    def check_invariants(self) -> bool:
+        """``check_integrity`` (block accounting, no orphaned owner, every block free when
+        idle). Never raises: a failure is logged and counted (``stats()``); returns
+        whether the checks passed."""
+        self._num_invariant_checks += 1
+        try:
+            self.check_integrity()
+        except AssertionError as e:
+            self._num_invariant_failures += 1
+            logger.error("engine invariant violated: %s", e)
+            return False
+        return True
+
+    def has_work(self) -> bool:
+        """True when ``step()`` would do something now: schedulable requests, or connector
+        news (requests that only wait for remote KV need no step)."""
+        return self.scheduler.has_schedulable_requests() or self.kv_connector.has_pending_output()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the block manager's accounting holds and every request
+        holding blocks is one the engine still tracks (in the scheduler, or finished with its
+        blocks kept for the KV connector): no block is owned by a forgotten request."""
+        self.block_manager.check_integrity()
+        known = set(self.scheduler.requests) | set(self.scheduler.delayed_free)
+        orphans = self.block_manager.owners() - known
+        assert not orphans, f"blocks held by requests the engine forgot: {sorted(orphans)}"
+        unfinished = set(self._tracked) - set(self.scheduler.requests)
+        assert not unfinished, f"outputs tracked for requests not in the scheduler: {unfinished}"
+        if not self.scheduler.requests and not self.scheduler.delayed_free:
+            assert self.block_manager.is_idle(), "idle engine still holds blocks"
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -299,8 +317,26 @@ class LLMEngine:
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return an output for every request that produced a token."""
+        """Run one iteration; return an output for every request that produced a token (or
+        failed)."""
         started = time.monotonic()
+        outputs: list[RequestOutput] = []
+        now = started
+        connector_output = self.kv_connector.get_finished()
+        num_imported = 0
+        for request in self.scheduler.update_from_connector(connector_output):
+            tracked = self._tracked.get(request.request_id)
+            if tracked is None:
+                continue
+            if request.status == RequestStatus.FINISHED_ERROR:
+                del self._tracked[request.request_id]
+                outputs.append(tracked.make_error_output(request.error or "KV import failed", now))
+                continue
+            tracked.first_scheduled_time = tracked.first_scheduled_time or now
+            loaded = connector_output.loaded[request.request_id]
+            token = SampledToken(loaded.first_token_id, loaded.first_token_logprob)
+            outputs.append(self._make_output(tracked, token, now))
+            num_imported += 1
         sched_out = self.scheduler.schedule()
         now = time.monotonic()
         for s in sched_out.scheduled:
@@ -312,22 +348,32 @@ class LLMEngine:
         self.num_steps += 1
         sampled = {rid: tok.token_id for rid, tok in result.sampled.items()}
         updated = self.scheduler.update_from_output(sched_out, sampled)
-        if self._exporting:
-            self._record_progress(sched_out, sampled)
-        outputs = []
+        saves = self.scheduler.take_kv_saves()
+        if saves:
+            self.kv_connector.save_kv(
+                [
+                    dataclasses.replace(s, first_token_logprob=result.sampled[s.request_id].logprob)
+                    if s.is_last
+                    else s
+                    for s in saves
+                ]
+            )
         now = time.monotonic()
         for request in updated:
             tracked = self._tracked.get(request.request_id)
             if tracked is None:
                 continue
             outputs.append(self._make_output(tracked, result.sampled[request.request_id], now))
+        # The first token of an imported request was sampled elsewhere: not this engine's.
         self.metrics.record_step(
             now - started,
             sched_out.num_scheduled_tokens,
             len(sched_out.scheduled),
-            outputs,
+            outputs[num_imported:],
             num_prompt_tokens,
         )
+        if self.config.check_invariants:
+            self.check_invariants()
         return outputs
 
     def _num_prompt_tokens(self, sched_out: SchedulerOutput) -> int:
@@ -339,29 +385,6 @@ class LLMEngine:
                 end = min(s.num_computed_tokens + s.num_scheduled_tokens, request.num_prompt_tokens)
                 total += max(0, end - s.num_computed_tokens)
         return total
-
-    def _record_progress(self, sched_out: SchedulerOutput, sampled: dict[str, int]) -> None:
-        for item in sched_out.scheduled:
-            if item.request_id not in self._exporting:
-                continue
-            tracked = self._tracked.get(item.request_id)
-            request = tracked.request if tracked is not None else None
-            if request is None:
-                # Finished this step: it is held, find it there.
-                request = self.scheduler.held.get(item.request_id)
-            if request is None:
-                continue
-            computed = item.num_computed_tokens + item.num_scheduled_tokens
-            self._progress.append(
-                PrefillProgress(
-                    request_id=item.request_id,
-                    num_computed_tokens=computed,
-                    block_ids=tuple(self.block_manager.block_table(item.request_id)),
-                    block_hashes=tuple(request.block_hashes),
-                    is_prompt_done=computed >= request.num_prompt_tokens,
-                    first_token_id=sampled.get(item.request_id),
-                )
-            )
 
     def _make_output(self, t: TrackedRequest, token: SampledToken, now: float) -> RequestOutput:
         request = t.request

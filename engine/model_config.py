@@ -9,35 +9,19 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
+from engine.model_card import (
+    SUPPORTED_ARCHITECTURES,
+    UnsupportedModelError,
+    load_model_card,
+    resolve_dtype_name,
 )
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
-
-
-class UnsupportedModelError(ValueError):
-    pass
+__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "UnsupportedModelError", "load_model_config"]
 
 
 def resolve_dtype(name: str, config_dtype: str | None) -> torch.dtype:
     """``auto`` takes the checkpoint's dtype (fp32 if unset)."""
-    if name == "auto":
-        name = config_dtype or "float32"
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {name!r}")
-    return _DTYPES[name]
+    return getattr(torch, resolve_dtype_name(name, config_dtype))  # type: ignore[no-any-return]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -75,16 +59,9 @@ def load_model_config(path: str | Path, dtype: str = "auto") -> ModelConfig:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no config.json in model folder {str(folder)!r}")
+    card = load_model_card(folder)  # checks the folder and the architecture
+    arch = card.architecture
     raw = json.loads((folder / "config.json").read_text())
-    archs = raw.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
-        raise UnsupportedModelError(
-            f"unsupported architecture {archs or raw.get('model_type')!r}; "
-            f"pdserve supports {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
     hf = AutoConfig.from_pretrained(str(folder))
     num_heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
@@ -109,7 +86,6 @@ def load_model_config(path: str | Path, dtype: str = "auto") -> ModelConfig:
     windows = _sliding_windows(hf, raw, arch)
     eos = hf.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    config_dtype = raw.get("dtype") or raw.get("torch_dtype")
     return ModelConfig(
         path=str(folder),
         architecture=arch,
@@ -123,7 +99,7 @@ def load_model_config(path: str | Path, dtype: str = "auto") -> ModelConfig:
         rms_norm_eps=hf.rms_norm_eps,
         max_position_embeddings=hf.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        dtype=resolve_dtype(dtype, config_dtype),
+        dtype=resolve_dtype(dtype, card.config_dtype),
         inv_freq=tuple(float(x) for x in inv_freq),
         rope_attention_scaling=float(scaling),
         sliding_windows=windows,

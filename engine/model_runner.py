@@ -16,7 +16,8 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import SampledToken, Sampler, SamplingRow
+from engine.outputs import SampledToken
+from engine.sampler import Sampler, SamplingRow
 from engine.scheduler_output import SchedulerOutput
 from engine.structured.masks import GrammarMasks
 

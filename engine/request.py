@@ -15,13 +15,30 @@ import time
 from dataclasses import dataclass, field
 
 from engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_block
+from engine.kv_connector.params import KVTransferParams
 from engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"
+    """Where a request is; exactly one place (queue) per status.
+
+        WAITING ──admit──────────────────────────▶ RUNNING ──stop / length──▶ FINISHED_*
+           │ admit (import: KV comes from elsewhere)   ▲  │  ▲
+           ▼                                           │  │  └─swap in── SWAPPED ◀─ preempt
+        WAITING_FOR_REMOTE_KV ──KV loaded──────────────┘  │                         (swap)
+        PREEMPTED ◀── preempt (recompute): back in the ───┘
+        waiting queue, blocks dropped; admitted again like WAITING
+
+    Any status can end in FINISHED_ABORTED (abort) or FINISHED_ERROR (a failed import). A
+    finished request's blocks are freed at once, or kept while the KV connector still uses them
+    (an export being read, an import being written): ``Scheduler.delayed_free``.
+    """
+
+    WAITING = "waiting"  # in the waiting queue, never admitted
+    PREEMPTED = "preempted"  # in the waiting queue again, blocks dropped (recompute)
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"  # blocks held, KV arriving from elsewhere
     RUNNING = "running"
-    SWAPPED = "swapped"
+    SWAPPED = "swapped"  # blocks on the host tier
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
@@ -30,6 +47,11 @@ class RequestStatus(enum.Enum):
     @property
     def is_finished(self) -> bool:
         return self.value in ("stop", "length", "abort", "error")
+
+    @property
+    def is_queued(self) -> bool:
+        """In the waiting queue (new or recompute-preempted)."""
+        return self in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 @dataclass(eq=False)
@@ -42,7 +64,7 @@ class Request:
     priority: int = 0  # lower value = served first (as in vLLM)
     extra_keys: tuple[str, ...] = ()  # mixed into block hashes (e.g. an adapter id)
     max_total_tokens: int = 0  # prompt + output cap from max_model_len, set by the engine
-    hold_blocks_on_finish: bool = False  # prefill role: keep KV until the transfer is done
+    kv_transfer: KVTransferParams | None = None  # KV enters or leaves through the connector
 
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)
@@ -51,7 +73,9 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
+    error: str | None = None  # why a FINISHED_ERROR request failed
     block_hashes: list[BlockHash] = field(default_factory=list)
+    num_exported_blocks: int = 0  # export: leading prompt blocks already handed to save_kv
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -72,6 +96,14 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def is_export(self) -> bool:
+        return self.kv_transfer is not None and self.kv_transfer.role == "export"
+
+    @property
+    def is_import(self) -> bool:
+        return self.kv_transfer is not None and self.kv_transfer.role == "import"
 
     def append_output_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -14,15 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.logits_processors import apply_logit_bias, apply_penalties
+from engine.outputs import SampledToken
 from engine.sampling_params import SamplingParams
 from engine.structured.masks import GrammarMasks, apply_bitmask
-
-
-@dataclass(frozen=True)
-class SampledToken:
-    token_id: int
-    logprob: float | None = None  # log-probability of token_id under the model (raw logits)
-    top_logprobs: tuple[tuple[int, float], ...] = ()  # the n most likely (token id, logprob)
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,36 @@
 """Iteration-level (continuous) batching with chunked prefill, prefix caching and preemption.
 
-Each ``schedule()`` call builds one step under a token budget, in this order:
+Each step, in order:
 
+0. ``update_from_connector``: requests whose KV arrived from elsewhere start running from the
+   first token that came with it; failed imports end with an error; blocks the KV connector
+   held for finished requests are freed.
 1. **running** requests, oldest first, each asking for all its uncomputed tokens (1 for a
    decode, a chunk for a prefill in progress). When blocks run out, the preemption policy picks
-   a victim (possibly the request itself) and swaps or recomputes it, until the request fits.
+   a victim (possibly the request itself; never a request whose KV is being exported) and
+   swaps or recomputes it, until the request fits.
 2. **swapped** requests come back (only in a step with no preemption), before any new admission.
-3. **waiting** requests are admitted in queue order while the budget, ``max_num_seqs`` and free
-   blocks allow; a prompt's cached prefix is skipped, and the rest is chunked to the budget.
-   With ``batching="static"`` (the baseline continuous batching is measured against) they are
-   admitted only while a batch is being formed, after the previous one fully drained.
+3. **waiting** requests are admitted in queue order while the budget, ``max_num_seqs``, free
+   blocks and the batching policy allow; a prompt's cached prefix is skipped, and the rest is
+   chunked to the budget. A request whose prompt KV comes through the connector takes its
+   blocks and waits in WAITING_FOR_REMOTE_KV (no compute); one whose KV is exported takes its
+   whole prompt's blocks at once.
 
 ``update_from_output`` then advances ``num_computed_tokens``, appends sampled tokens, publishes
-newly full blocks to the prefix cache, applies stop conditions and frees finished requests.
+newly full blocks to the prefix cache, lists exported blocks that became complete, applies stop
+conditions and frees finished requests (unless the connector still needs their blocks).
 No torch here.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from engine.batching import make_batching_policy
+from engine.block_hash import BlockHash
 from engine.block_manager import BlockManager
+from engine.kv_connector.base import KVConnector, KVConnectorOutput, KVSave, NullConnector
 from engine.preemption import make_preemption_policy
 from engine.request import Request, RequestStatus
 from engine.request_queue import make_queue
@@ -45,27 +53,34 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        connector: KVConnector | None = None,
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
         self.block_size = block_manager.block_size
-        self.waiting = make_queue(config.policy)
+        self.connector: KVConnector = connector or NullConnector()
+        self.waiting = make_queue(config.policy)  # WAITING and PREEMPTED
+        self.waiting_for_remote_kv: dict[str, Request] = {}
         self.running: list[Request] = []
         self.swapped: list[Request] = []
-        self.ready: deque[Request] = deque()  # prefilled elsewhere, KV already in our blocks
-        self.held: dict[str, Request] = {}  # finished, blocks kept until release_held()
-        self.requests: dict[str, Request] = {}
+        self.delayed_free: dict[str, Request] = {}  # finished; the connector still uses blocks
+        self.requests: dict[str, Request] = {}  # every unfinished request
         self.stats = SchedulerStats()
         self._preemption = make_preemption_policy(
             config.preemption_mode, config.policy, config.swap_threshold_tokens
         )
+        self._batching = make_batching_policy(config.batching)
         self._finished_ids: list[str] = []
-        self._batch_open = True  # static batching: the current batch still takes new requests
+        self._saves: list[KVSave] = []
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
         """Queue a validated request. Its id must be new."""
-        if request.request_id in self.requests:
+        if request.request_id in self.requests or request.request_id in self.delayed_free:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
         request.status = RequestStatus.WAITING
@@ -74,14 +89,16 @@ class Scheduler:
     def finish_request(
         self, request_id: str, status: RequestStatus, stop_reason: int | str | None = None
     ) -> Request | None:
-        """Finish (e.g. abort) a request wherever it is and free its blocks. Idempotent:
-        returns ``None`` for an unknown or already finished request."""
+        """Finish (e.g. abort) a request wherever it is. Its blocks are freed, or kept until
+        the connector lists it ``freeable``. Idempotent: ``None`` for an unknown or already
+        finished request."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        if request.status == RequestStatus.WAITING:
-            if not self.waiting.remove(request):
-                self.ready.remove(request)
+        if request.status.is_queued:
+            self.waiting.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            del self.waiting_for_remote_kv[request_id]
         elif request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status == RequestStatus.SWAPPED:
@@ -89,31 +106,50 @@ class Scheduler:
         request.status = status
         if stop_reason is not None:
             request.stop_reason = stop_reason
-        if request.hold_blocks_on_finish and status != RequestStatus.FINISHED_ABORTED:
-            self.held[request_id] = request
+        table = tuple(self.block_manager.block_table(request_id))
+        if self.connector.request_finished(request, table):
+            self.delayed_free[request_id] = request
         else:
             self.block_manager.free(request_id)
         self._finished_ids.append(request_id)
         return request
 
-    def release_held(self, request_id: str) -> bool:
-        """Free the blocks a finished ``hold_blocks_on_finish`` request kept. Idempotent."""
-        if self.held.pop(request_id, None) is None:
-            return False
-        self.block_manager.free(request_id)
-        return True
+    def update_from_connector(self, output: KVConnectorOutput) -> list[Request]:
+        """Apply what the connector finished since the last step. Returns the requests that
+        received their first token (from KV loaded elsewhere), finished ones included, and
+        the requests the connector failed (status FINISHED_ERROR, ``error`` set)."""
+        changed: list[Request] = []
+        for request_id in output.freeable:
+            if self.delayed_free.pop(request_id, None) is not None:
+                self.block_manager.free(request_id)
+        for request_id, why in output.failed.items():
+            request = self.waiting_for_remote_kv.get(request_id)
+            if request is None:
+                continue  # aborted meanwhile
+            request.error = why
+            self.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+            changed.append(request)
+        for request_id, loaded in output.loaded.items():
+            request = self.waiting_for_remote_kv.pop(request_id, None)
+            if request is None:
+                continue
+            request.num_computed_tokens = request.num_prompt_tokens
+            request.append_output_token(loaded.first_token_id)
+            self.block_manager.cache_blocks(
+                request_id, request.update_block_hashes(self.block_size), request.num_prompt_tokens
+            )
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)  # its batch slot was taken at admission
+            changed.append(request)
+            status = self.check_stop(request, loaded.first_token_id)
+            if status is not None:
+                self.finish_request(request_id, status, request.stop_reason)
+        return changed
 
-    def add_prefilled(self, request: Request) -> None:
-        """Queue a request whose prompt KV is already in its blocks (filled by a remote
-        prefill) and whose first output token is appended; it joins the running batch in the
-        next step that has room, ahead of new admissions."""
-        if request.request_id in self.requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in use")
-        if not self.block_manager.has_blocks(request.request_id):
-            raise ValueError(f"request {request.request_id!r} holds no blocks")
-        self.requests[request.request_id] = request
-        request.status = RequestStatus.WAITING
-        self.ready.append(request)
+    def take_kv_saves(self) -> list[KVSave]:
+        """Exported blocks that became complete in the last ``update_from_output``."""
+        saves, self._saves = self._saves, []
+        return saves
 
     @property
     def num_unfinished(self) -> int:
@@ -121,6 +157,10 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def has_schedulable_requests(self) -> bool:
+        """Work a step can do now (requests waiting for remote KV alone need none)."""
+        return bool(self.running or self.swapped or len(self.waiting))
 
     # -------------------------------------------------------------------- step
     def schedule(self) -> SchedulerOutput:
@@ -142,8 +182,10 @@ class Scheduler:
                 need = request.num_computed_tokens + num_new
                 if self.block_manager.allocate(request.request_id, need) is not None:
                     break
+                # An exporting request holds its whole prompt's blocks from admission on, so
+                # it never gets here itself; nor is it ever a victim (a transfer reads them).
                 victim = self._preemption.choose_victim(
-                    [r for r in self.running if not r.hold_blocks_on_finish] or self.running
+                    [r for r in self.running if not r.is_export] or [request]
                 )
                 j = self.running.index(victim)
                 budget += scheduled.pop(victim.request_id, 0)
@@ -161,7 +203,7 @@ class Scheduler:
 
         # 2. Swapped requests return before anything new is admitted.
         if not preempted:
-            while self.swapped and len(self.running) < self.config.max_num_seqs:
+            while self.swapped and self._num_slots_taken() < self.config.max_num_seqs:
                 request = self.swapped[0]
                 # Room for its blocks *and* this step's new tokens, or it would be swapped in
                 # only to be preempted again at once.
@@ -178,60 +220,38 @@ class Scheduler:
                 self.stats.num_blocks_swapped_in += len(pairs)
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
-                num_new = self._num_tokens_to_schedule(request, budget)
-                if (
-                    num_new
-                    and self.block_manager.allocate(
-                        request.request_id, request.num_computed_tokens + num_new
-                    )
-                    is not None
-                ):
-                    scheduled[request.request_id] = num_new
-                    budget -= num_new
+                budget -= self._schedule_resumed(request, budget, scheduled)
 
-        # 2b. Requests prefilled elsewhere join next, also before new admissions.
-        if not preempted:
-            while self.ready and len(self.running) < self.config.max_num_seqs:
-                request = self.ready.popleft()
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
-                num_new = self._num_tokens_to_schedule(request, budget)
-                if (
-                    num_new
-                    and self.block_manager.allocate(
-                        request.request_id, request.num_computed_tokens + num_new
-                    )
-                    is not None
-                ):
-                    scheduled[request.request_id] = num_new
-                    budget -= num_new
-
-        # 3. New (or recompute-preempted) requests. Static batching admits only while a batch
-        # is being formed: from the step the previous batch drained until the batch is full
-        # (max_num_seqs), the queue is empty or blocks run out; a budget-bound step keeps it open.
-        static = self.config.batching == "static"
-        if static and not (self.running or self.swapped or self.ready):
-            self._batch_open = True
-        if not preempted and not self.swapped and self._batch_open:
+        # 3. New (or recompute-preempted) requests, when the batching policy admits.
+        if (
+            not preempted
+            and not self.swapped
+            and self._batching.is_admission_open(self._num_slots_taken())
+        ):
             blocked = False
-            while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            while (
+                len(self.waiting)
+                and budget > 0
+                and self._num_slots_taken() < self.config.max_num_seqs
+            ):
                 request = self.waiting.peek()
                 admitted = self._admit(request, budget)
                 if admitted is None:
                     blocked = True
                     break
-                num_new = admitted
                 self.waiting.pop()
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+                    self.waiting_for_remote_kv[request.request_id] = request
+                    continue  # holds its blocks; no compute until the KV is loaded
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
-                scheduled[request.request_id] = num_new
-                budget -= num_new
-            if static and (
-                not len(self.waiting)
-                or len(self.running) >= self.config.max_num_seqs
-                or (blocked and budget > 0 and self.config.enable_chunked_prefill)
-            ):
-                self._batch_open = False
+                scheduled[request.request_id] = admitted
+                budget -= admitted
+            self._batching.after_admission(
+                queue_empty=not len(self.waiting),
+                batch_full=self._num_slots_taken() >= self.config.max_num_seqs,
+                blocked=blocked and budget > 0 and self.config.enable_chunked_prefill,
+            )
 
         finished_ids = tuple(self._finished_ids)
         self._finished_ids.clear()
@@ -262,6 +282,8 @@ class Scheduler:
             self.block_manager.cache_blocks(
                 request.request_id, request.block_hashes, request.num_computed_tokens
             )
+            if request.is_export:
+                self._record_save(request, token)
             if token is None:
                 continue
             updated.append(request)
@@ -270,21 +292,67 @@ class Scheduler:
                 self.finish_request(request.request_id, status, request.stop_reason)
         return updated
 
+    def check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        """The finish status ``token`` (just appended) gives the request, if any."""
+        if request.is_export:
+            return RequestStatus.FINISHED_LENGTH  # an export samples the first token only
+        params = request.sampling_params
+        num_out = request.num_output_tokens
+        if num_out >= params.min_tokens:
+            if not params.ignore_eos and token == request.eos_token_id:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and num_out >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.max_total_tokens and request.num_tokens >= request.max_total_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
     # ---------------------------------------------------------------- private
+    def _num_slots_taken(self) -> int:
+        """Batch slots in use: running requests and those whose KV is on its way."""
+        return len(self.running) + len(self.waiting_for_remote_kv)
+
     def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
         num_new = request.num_tokens - request.num_computed_tokens
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
         return min(num_new, budget)
 
+    def _schedule_resumed(self, request: Request, budget: int, scheduled: dict[str, int]) -> int:
+        """Give a request that just rejoined the running batch this step's tokens if its
+        blocks allow; returns the tokens scheduled (0: it runs from the next step)."""
+        num_new = self._num_tokens_to_schedule(request, budget)
+        need = request.num_computed_tokens + num_new
+        if num_new and self.block_manager.allocate(request.request_id, need) is not None:
+            scheduled[request.request_id] = num_new
+            return num_new
+        return 0
+
     def _admit(self, request: Request, budget: int) -> int | None:
-        """Allocate a waiting request's blocks; return its scheduled tokens or ``None``."""
+        """Allocate a waiting request's blocks; return its scheduled tokens (0 when it now
+        waits for remote KV) or ``None`` when it cannot be admitted this step."""
         hashes = request.update_block_hashes(self.block_size)
         # Keep at least one token to compute: its logits give the next token.
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         query = hashes[:max_hit_blocks]
         cached = self.block_manager.find_cached_prefix(query)
         num_computed = len(cached) * self.block_size
+        num_external, is_async = self.connector.get_num_new_matched_tokens(request, num_computed)
+        if num_external:
+            # Every token past the local hit arrives from elsewhere, with the first output.
+            need = request.num_prompt_tokens
+            if self.block_manager.allocate(request.request_id, need, cached) is None:
+                return None
+            self._count_hits(request, query, cached, num_computed)
+            self.connector.update_state_after_alloc(
+                request, tuple(self.block_manager.block_table(request.request_id)), num_external
+            )
+            if is_async:
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+            return 0
         num_new = request.num_tokens - num_computed
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
@@ -293,19 +361,45 @@ class Scheduler:
                 return None
             num_new = budget
         need = num_computed + num_new
-        if request.hold_blocks_on_finish:
-            # KV export (prefill role): take the whole prompt's blocks at admission, so the
-            # request never needs a block later and is never preempted while its blocks are
-            # being read by a transfer.
+        if request.is_export:
+            # The rule that keeps exports safe: the whole prompt's blocks at admission, so the
+            # request never needs a block later and is never preempted while a transfer
+            # reads its blocks.
             need = max(need, request.num_prompt_tokens)
         if self.block_manager.allocate(request.request_id, need, cached) is None:
             return None
+        self._count_hits(request, query, cached, num_computed)
+        request.num_computed_tokens = num_computed
+        return num_new
+
+    def _count_hits(
+        self, request: Request, query: Sequence[BlockHash], cached: Sequence[int], num_computed: int
+    ) -> None:
         self.stats.num_prefix_query_blocks += len(query)
         self.stats.num_prefix_hit_blocks += len(cached)
         if request.num_preemptions == 0:
             request.num_cached_tokens = num_computed
         request.num_computed_tokens = num_computed
-        return num_new
+
+    def _record_save(self, request: Request, token: int | None) -> None:
+        """List the exported request's prompt blocks that this step completed."""
+        num_blocks = self.block_manager.num_blocks_for(request.num_prompt_tokens)
+        prompt_done = request.num_computed_tokens >= request.num_prompt_tokens
+        complete = num_blocks if prompt_done else request.num_computed_tokens // self.block_size
+        start = request.num_exported_blocks
+        if complete <= start and not prompt_done:
+            return
+        table = self.block_manager.block_table(request.request_id)
+        request.num_exported_blocks = complete
+        self._saves.append(
+            KVSave(
+                request_id=request.request_id,
+                block_indices=tuple(range(start, complete)),
+                block_ids=tuple(table[start:complete]),
+                is_last=prompt_done and token is not None,
+                first_token_id=token if prompt_done else None,
+            )
+        )
 
     def _preempt(self, victim: Request, swap_out: list[tuple[int, int]]) -> None:
         self.running.remove(victim)
@@ -322,24 +416,8 @@ class Scheduler:
             self.block_manager.free(victim.request_id)
             self.stats.num_preemptions_recompute += 1
             victim.num_computed_tokens = 0
-            victim.status = RequestStatus.WAITING
+            victim.status = RequestStatus.PREEMPTED
             self.waiting.push_front(victim)
-
-    def check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        """The finish status ``token`` (just appended) gives the request, if any."""
-        params = request.sampling_params
-        num_out = request.num_output_tokens
-        if num_out >= params.min_tokens:
-            if not params.ignore_eos and token == request.eos_token_id:
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and num_out >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.max_total_tokens and request.num_tokens >= request.max_total_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _describe(self, request_id: str, num_new: int) -> ScheduledRequest:
         request = self.requests[request_id]

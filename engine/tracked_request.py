@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, SampledToken
 from engine.request import Request
-from engine.sampler import SampledToken
 
 
 @dataclass
@@ -64,5 +63,27 @@ class TrackedRequest:
                 first_scheduled_time=self.first_scheduled_time,
                 first_token_time=self.first_token_time,
                 finished_time=now if finished else None,
+            ),
+        )
+
+    def make_error_output(self, error: str, now: float) -> RequestOutput:
+        """The final output of a request that failed before producing a token."""
+        request = self.request
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids,
+            text=self.detok.emitted_text if self.detok is not None else "",
+            new_token_ids=[],
+            new_text="",
+            finished=True,
+            finish_reason="error",
+            prompt=self.prompt,
+            error=error,
+            metrics=RequestMetrics(
+                arrival_time=request.arrival_time,
+                first_scheduled_time=self.first_scheduled_time,
+                first_token_time=self.first_token_time,
+                finished_time=now,
             ),
         )

@@ -52,7 +52,8 @@ def create_receiver(
     default_lease_s: float = DEFAULT_LEASE_S,
 ) -> ReceiverBase:
     """The decode worker's receiver for ``transport``; call ``await receiver.start()`` on the
-    event loop that will serve it. ``host``/``port`` apply to TCP, ``name`` to in-process."""
+    event loop that will serve it. ``host``: the interface it listens on (TCP and UCX);
+    ``port`` applies to TCP, ``name`` to in-process."""
     kind = resolve_transport(transport)
     common: dict[str, Any] = {"metrics": metrics, "default_lease_s": default_lease_s}
     if kind == "tcp":
@@ -65,11 +66,12 @@ def create_receiver(
         return InprocReceiver(spec, pool, owner, name=name, **common)
     from kv_transfer.ucx import UcxReceiver
 
-    return UcxReceiver(spec, pool, owner, **common)
+    return UcxReceiver(spec, pool, owner, host=host, **common)
 
 
-def default_connectors() -> list[Connector]:
-    """A connector for every available scheme (UCX is initialised lazily, on first connect)."""
+def default_connectors(host: str = "127.0.0.1") -> list[Connector]:
+    """A connector for every available scheme (UCX is initialised lazily, on first connect;
+    its listener, which receivers connect back to, is kept on ``host``'s interface)."""
     from kv_transfer.inproc import InprocConnector
     from kv_transfer.tcp import TcpConnector
 
@@ -77,5 +79,17 @@ def default_connectors() -> list[Connector]:
     if is_ucx_available():
         from kv_transfer.ucx import UcxConnector
 
-        connectors.append(UcxConnector())
+        connectors.append(UcxConnector(host))
     return connectors
+
+
+async def release_transports() -> None:
+    """Stop the process-wide machinery of the transports (UCX's notifier thread, without
+    which the process cannot exit). Call once at exit, after closing every receiver and
+    sender; a no-op for transports never used."""
+    if is_ucx_available():
+        import sys
+
+        ucx = sys.modules.get("kv_transfer.ucx")
+        if ucx is not None:
+            await ucx.release()

@@ -3,59 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Sequence
-from typing import Any, get_args
+from collections.abc import Callable, Sequence
+from typing import Any
 
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    from engine.scheduler_config import BatchingName
-
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="Hugging Face model folder (default: demo model)")
-    g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    g.add_argument("--attention-backend", default=None, choices=["cpu", "torch", "triton"])
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
-    g.add_argument("--swap-space-gb", type=float, default=0.5)
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--max-num-seqs", type=int, default=128)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--no-chunked-prefill", action="store_true")
-    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
-    g.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
-    g.add_argument(
-        "--batching",
-        default="continuous",
-        choices=get_args(BatchingName),
-        help="static: a new batch only after the last one drained (a benchmark baseline)",
-    )
-    g.add_argument("--seed", type=int, default=0)
-
-
-def engine_options(a: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        dtype=a.dtype,
-        device=a.device,
-        attention_backend=a.attention_backend,
-        block_size=a.block_size,
-        num_kv_blocks=a.num_kv_blocks,
-        kv_cache_memory_gb=a.kv_cache_memory_gb,
-        swap_space_gb=a.swap_space_gb,
-        enable_prefix_caching=not a.no_prefix_caching,
-        max_num_seqs=a.max_num_seqs,
-        max_num_batched_tokens=a.max_num_batched_tokens,
-        max_model_len=a.max_model_len,
-        enable_chunked_prefill=not a.no_chunked_prefill,
-        scheduling_policy=a.scheduling_policy,
-        preemption_mode=a.preemption_mode,
-        batching=a.batching,
-        seed=a.seed,
-    )
+from pdserve.options import add_engine_args, config_to_argv, engine_config_from_args
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
@@ -72,7 +26,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             ignore_eos=a.ignore_eos,
             logprobs=a.logprobs,
         )
-        llm = LLM(a.model, **engine_options(a))
+        config = engine_config_from_args(a)
+        llm = LLM(**dataclasses.asdict(config))
         outputs = llm.generate(list(a.prompt), params)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -98,12 +53,11 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 def _cmd_serve(a: argparse.Namespace) -> int:
     if not a.colocated:
         return _serve_disaggregated(a)
-    from engine.engine_config import EngineConfig
     from router.local_backend import LocalEngineBackend
 
     try:
         _router_options(a)  # validate before loading the model
-        config = EngineConfig(model=a.model, **engine_options(a))
+        config = engine_config_from_args(a)
         backend = LocalEngineBackend(config, served_model_name=a.served_model_name)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -126,7 +80,9 @@ def _router_options(a: argparse.Namespace) -> Any:
     )
 
 
-def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
+def _run_router(
+    a: argparse.Namespace, backend: Any, mode: str, on_drained: Callable[[], None] | None = None
+) -> int:
     import asyncio
 
     from router.server import serve_router
@@ -139,7 +95,7 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drained))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -162,8 +118,8 @@ def _router_metrics(a: argparse.Namespace, backend: Any, mode: str) -> Any:
 
         engine = backend.async_engine
         metrics.registry.register(EngineCollector(engine, role, model))
-        metrics.stages.add("prefill_queue", engine.engine.metrics.queue_seconds)
-        metrics.stages.add("prefill_compute", engine.engine.metrics.prefill_seconds)
+        metrics.stages.add("prefill_queue", engine.metrics.queue_seconds)
+        metrics.stages.add("prefill_compute", engine.metrics.prefill_seconds)
     return metrics
 
 
@@ -173,11 +129,11 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
 
     from engine.demo_model import demo_model_path
     from pdserve.launch import (
-        engine_argv,
         parse_cpus,
         serve_kv_transport,
         start_worker,
         stop_workers,
+        terminate,
         wait_healthy,
     )
     from router.disaggregated_backend import DisaggregatedBackend
@@ -190,7 +146,11 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             return int(sock.getsockname()[1])
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
-    common = engine_argv(a)
+    common = [
+        *config_to_argv(engine_config_from_args(a), exclude=("model",)),
+        "--shutdown-grace-s",
+        str(a.shutdown_grace_s),
+    ]
     if a.served_model_name:  # the workers' metrics label: the first name
         common += ["--served-model-name", a.served_model_name[0]]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
@@ -209,6 +169,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     *common,
                     "--kv-transport",
                     transport,
+                    "--kv-lease-s",
+                    str(a.kv_lease_s),
                     "--metrics-port",
                     str(a.decode_metrics_port),
                 ],
@@ -242,13 +204,16 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
         )
-        return _run_router(a, backend, "disaggregated")
+        # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
+        # then the workers, with nothing left in flight, stop alongside the router's servers.
+        return _run_router(a, backend, "disaggregated", on_drained=lambda: terminate(procs))
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        stop_workers(procs)
+        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)  # idle: they stop at once
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
@@ -264,6 +229,7 @@ def _cmd_router(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -290,7 +256,20 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="a name clients use for the model (repeat for aliases; the first is the primary; "
         "the --model path is accepted too); default: the model folder name",
     )
-    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    api.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=5.0,
+        help="on SIGTERM/Ctrl-C, requests in flight get this long to finish (then a clear "
+        "error); new ones are refused at once",
+    )
+    api.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=10.0,
+        help="fail a request whose decode worker sends neither a token nor a heartbeat "
+        "(every --heartbeat-s, 1 s by default) for this long",
+    )
     api.add_argument(
         "--local-prefill-max-tokens",
         type=int,
@@ -327,6 +306,12 @@ def _add_serve_parser(sub: Any) -> None:
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
     workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
     workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
+    workers.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=10.0,
+        help="decode releases a reservation prefill neither writes nor renews for this long",
+    )
     workers.add_argument(
         "--decode-metrics-port", type=int, default=0, help="0 = any free port, -1 = off"
     )
@@ -384,7 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(argv[1:])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    code = int(args.func(args))
+    if args.command in ("serve", "router"):
+        from pdserve.fast_exit import exit_now
+
+        exit_now(code)  # stopped and drained (workers too): skip seconds of torch teardown
+    return code
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ processes, then run the router in this process over them. Every child is stopped
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -12,38 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# EngineConfig option -> CLI flag, for forwarding the engine flags to the workers.
-_FLAGS = {
-    "dtype": "--dtype",
-    "device": "--device",
-    "attention_backend": "--attention-backend",
-    "block_size": "--block-size",
-    "num_kv_blocks": "--num-kv-blocks",
-    "kv_cache_memory_gb": "--kv-cache-memory-gb",
-    "swap_space_gb": "--swap-space-gb",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_model_len": "--max-model-len",
-    "scheduling_policy": "--scheduling-policy",
-    "preemption_mode": "--preemption-mode",
-    "batching": "--batching",
-    "seed": "--seed",
-}
-
-
-def engine_argv(a: argparse.Namespace) -> list[str]:
-    argv: list[str] = []
-    for name, flag in _FLAGS.items():
-        value = getattr(a, name, None)
-        if value is not None:
-            argv += [flag, str(value)]
-    if getattr(a, "no_prefix_caching", False):
-        argv.append("--no-prefix-caching")
-    if getattr(a, "no_chunked_prefill", False):
-        argv.append("--no-chunked-prefill")
-    return argv
-
 
 def serve_kv_transport(requested: str, *pinned: set[int] | None) -> tuple[str, str | None]:
     """The KV transport ``pdserve serve`` gives its workers, and why when it overrides "auto".
@@ -83,11 +50,27 @@ def start_worker(
     if cpus:
         env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
 
-    def pin() -> None:
+    def prepare() -> None:  # in the child, before exec
+        # Its own process group: Ctrl-C reaches only ``pdserve serve``, which drains the
+        # router first and then stops its workers (with nothing left in flight).
+        os.setpgrp()
+        _die_with_parent()
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    return subprocess.Popen(cmd, env=env, preexec_fn=pin if cpus else None)
+    return subprocess.Popen(cmd, env=env, preexec_fn=prepare)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies (a killed ``pdserve serve`` leaves no
+    worker behind; SIGTERM lets it drain)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -109,10 +92,16 @@ def wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -
     raise TimeoutError(f"worker at {target} not healthy within {timeout_s:.0f}s")
 
 
-def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+def terminate(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running: each drains and exits by itself."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
+
+
+def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+    """Terminate the workers and wait; SIGKILL one still alive after ``timeout_s``."""
+    terminate(procs)
     deadline = time.monotonic() + timeout_s
     for p in procs:
         try:

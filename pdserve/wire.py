@@ -6,8 +6,7 @@ every process maps the same fields the same way.
 
 from __future__ import annotations
 
-from engine.outputs import RequestOutput
-from engine.sampler import SampledToken
+from engine.outputs import RequestOutput, SampledToken
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import KINDS, StructuredOutput
 from protos.pdserve.v1 import generate_pb2 as gpb

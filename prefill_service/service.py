@@ -1,77 +1,43 @@
-"""``PrefillWorker`` servicer: chunked prefill whose finished blocks are pushed to the decode
-worker's reservation after every chunk, so the transfer overlaps the next chunk's compute.
+"""``PrefillWorker`` servicer: a thin gRPC shell around an engine whose KV connector exports.
 
-    engine thread: step ─▶ on_step hook drains PrefillProgress ─▶ (call_soon_threadsafe)
-    event loop:    Prefill() ─▶ push(full blocks of this chunk) ... finish(last blocks, token)
-                   ─▶ release_kv: the request's blocks go back to the pool
+    Prefill(ticket) ─▶ sender.open(ticket) ─▶ connector.start_job ─▶ engine.generate(export)
+                       the engine runs chunked prefill; after every step the connector pushes
+                       the blocks that step completed (see kv_transfer.prefill_connector)
+                    ◀─ first token, once decode holds every block
 
-A prefill request takes all its prompt blocks at admission and is never preempted (see the
-scheduler), so a block being read by a transfer is never reused under it.
+An exporting request takes its whole prompt's blocks at admission and is never preempted (a
+scheduler rule), and its blocks are freed only once the transfer no longer reads them. While
+the request waits and computes, the connector renews decode's lease. A draining worker still
+takes prefills (each is for a request the cluster started: decode holds its blocks).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import logging
-import threading
+import contextlib
 import time
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from typing import Any
 
 import grpc
 
 from engine.async_engine import AsyncEngine
-from engine.llm_engine import LLMEngine
+from engine.kv_connector.params import KVTransferParams
 from engine.metrics import LATENCY_BUCKETS_S, Histogram
-from engine.outputs import PrefillProgress, RequestOutput
+from engine.outputs import RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError
+from kv_transfer.prefill_connector import EngineStalledError, PrefillConnector
 from pdserve.wire import sampling_params_from_proto
+from pdserve.worker_process import Drain, integrity_error
 from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
 
-logger = logging.getLogger(__name__)
-
-
-class ProgressRouter:
-    """Hands the engine thread's ``PrefillProgress`` to the coroutine serving each request."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queues: dict[
-            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[PrefillProgress]]
-        ] = {}
-
-    def register(self, request_id: str) -> asyncio.Queue[PrefillProgress]:
-        queue: asyncio.Queue[PrefillProgress] = asyncio.Queue()
-        with self._lock:
-            self._queues[request_id] = (asyncio.get_running_loop(), queue)
-        return queue
-
-    def unregister(self, request_id: str) -> None:
-        with self._lock:
-            self._queues.pop(request_id, None)
-
-    def on_step(self, engine: LLMEngine) -> None:
-        """AsyncEngine's hook: runs on the engine thread after every step."""
-        for progress in engine.take_prefill_progress():
-            with self._lock:
-                entry = self._queues.get(progress.request_id)
-            if entry is None:
-                continue
-            loop, queue = entry
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, progress)
-            except RuntimeError:
-                pass
-
 
 async def _last_output(stream: AsyncGenerator[RequestOutput, None]) -> RequestOutput:
     last: RequestOutput | None = None
-    async with aclosing(stream):
+    async with contextlib.aclosing(stream):
         async for out in stream:
             last = out
     if last is None or last.finish_reason not in ("length", "stop"):
@@ -79,34 +45,26 @@ async def _last_output(stream: AsyncGenerator[RequestOutput, None]) -> RequestOu
     return last
 
 
-async def _next_progress(
-    queue: asyncio.Queue[PrefillProgress], final_task: asyncio.Future[RequestOutput]
-) -> PrefillProgress:
-    """The next progress report; re-raises at once if the engine side failed first."""
-    if not queue.empty():
-        return queue.get_nowait()
-    getter: asyncio.Future[PrefillProgress] = asyncio.ensure_future(queue.get())
-    waiting: set[asyncio.Future[Any]] = {getter, final_task}
-    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    final_task.result()  # raises the engine-side error (e.g. ValueError for a bad prompt)
-    if not queue.empty():
-        return queue.get_nowait()
-    raise RuntimeError("prefill finished without reporting its KV")
-
-
 class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
-    def __init__(self, engine: AsyncEngine, progress: ProgressRouter, sender: KVSender) -> None:
+    def __init__(self, engine: AsyncEngine, connector: PrefillConnector, sender: KVSender) -> None:
         self._engine = engine
-        self._progress = progress
+        self._connector = connector
         self._sender = sender
         self._queued_tokens = 0
+        # A draining prefill worker still takes prefills: each is for a request the cluster
+        # has started (decode holds its blocks). Routers stop sending new ones (GetLoad).
+        self.drain = Drain("prefill worker")
         # TTFT stage "kv_transfer": first token sampled -> decode acknowledged the last blocks.
         self.kv_transfer_seconds = Histogram(LATENCY_BUCKETS_S)
 
     async def Prefill(
+        self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.PrefillResponse:
+        async with self.drain.serving(request.request_id, context, admit_while_draining=True):
+            response = await self._prefill(request, context)
+        return response
+
+    async def _prefill(
         self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> wpb.PrefillResponse:
         started = time.monotonic()
@@ -116,10 +74,6 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             params = sampling_params_from_proto(request.sampling_params)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        # Prefill samples only the first token; stop strings are decode's business.
-        params = dataclasses.replace(
-            params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=()
-        )
         ticket = ReservationTicket.from_proto(request.reservation)
         try:
             transfer = await self._sender.open(ticket)
@@ -127,92 +81,68 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except KVTransferError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
-        queue = self._progress.register(rid)
+        done = self._connector.start_job(rid, transfer)
+        stream = self._engine.generate(
+            rid,
+            prompt_token_ids=ids,
+            sampling_params=params,
+            priority=request.priority,
+            kv_transfer=KVTransferParams("export"),
+        )
+        final_task = asyncio.ensure_future(_last_output(stream))
         self._queued_tokens += len(ids)
-
-        def start(e: LLMEngine) -> list[RequestOutput]:
-            e.add_request(
-                rid,
-                prompt_token_ids=ids,
-                sampling_params=params,
-                priority=request.priority,
-                export_kv=True,
-            )
-            return []
-
-        finished = False
-        sent: set[int] = set(ticket.cached_blocks)
-        num_sent = 0
-        # Consuming the stream is what submits the request; it ends with the first token.
-        final_task = asyncio.ensure_future(_last_output(self._engine.attach(rid, start)))
         try:
-            while True:
-                progress = await _next_progress(queue, final_task)
-                total = len(ticket.block_ids)
-                ready = (
-                    range(total)
-                    if progress.is_prompt_done
-                    else range(min(progress.num_computed_tokens // self._block_size, total))
-                )
-                todo = [i for i in ready if i not in sent]
-                src = [progress.block_ids[i] for i in todo]
-                sent.update(todo)
-                num_sent += len(todo)
-                if not progress.is_prompt_done:
-                    if todo:
-                        transfer.push(todo, src)
-                    continue
-                prompt_done = time.monotonic()
-                final = await final_task
-                assert progress.first_token_id is not None
-                logprob = 0.0
-                top: list[gpb.TopLogprob] = []
-                if final.new_logprobs and final.new_logprobs[0].logprob is not None:
-                    logprob = final.new_logprobs[0].logprob
-                    top = [
-                        gpb.TopLogprob(token_id=t, logprob=lp)
-                        for t, lp in final.new_logprobs[0].top_logprobs
-                    ]
-                await transfer.finish(progress.first_token_id, logprob, todo, src)
-                finished = True
-                self.kv_transfer_seconds.observe(time.monotonic() - prompt_done)
-                return wpb.PrefillResponse(
-                    first_token_id=progress.first_token_id,
-                    first_token_logprob=logprob,
-                    num_cached_tokens=final.num_cached_tokens,
-                    num_blocks_sent=num_sent,
-                    num_blocks_skipped=len(ticket.cached_blocks),
-                    prefill_seconds=time.monotonic() - started,
-                    first_token_top_logprobs=top,
-                )
+            # Either may fail first: the engine (bad prompt) or the transfer (decode gone).
+            waiting: set[asyncio.Future[Any]] = {final_task, done}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_EXCEPTION)
+            final = await final_task
+            prompt_done = time.monotonic()
+            await done
+            self.kv_transfer_seconds.observe(time.monotonic() - prompt_done)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except KVTransferError as e:
+        except (KVTransferError, EngineStalledError, asyncio.CancelledError) as e:
+            if isinstance(e, asyncio.CancelledError) and not done.cancelled():
+                raise  # this call was cancelled (the router went away)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
         finally:
             self._queued_tokens -= len(ids)
-            self._progress.unregister(rid)
+            self._connector.cancel_job(rid)  # no-op once the transfer finished
             if not final_task.done():
-                final_task.cancel()
-            if not finished:
-                await transfer.abort("prefill did not finish")
-            # Held blocks go back to the pool only now: nothing reads them any more.
-            self._engine.abort(rid)
-        raise AssertionError("unreachable")
+                final_task.cancel()  # closing the stream aborts the engine request
+                await asyncio.gather(final_task, return_exceptions=True)
+        first = final.new_logprobs[0] if final.new_logprobs else None
+        top = first.top_logprobs if first is not None else ()
+        return wpb.PrefillResponse(
+            first_token_id=final.token_ids[0],
+            first_token_logprob=first.logprob if first and first.logprob is not None else 0.0,
+            num_cached_tokens=final.num_cached_tokens,
+            num_blocks_sent=len(ticket.expected_block_indices),
+            num_blocks_skipped=len(ticket.cached_blocks),
+            prefill_seconds=time.monotonic() - started,
+            first_token_top_logprobs=[gpb.TopLogprob(token_id=t, logprob=lp) for t, lp in top],
+        )
 
     @property
-    def _block_size(self) -> int:
-        return self._engine.engine.block_manager.block_size
+    def num_queued_tokens(self) -> int:
+        """Prompt tokens of the prefills this worker holds (queued or computing)."""
+        return self._queued_tokens
 
     async def GetLoad(
         self, request: wpb.GetLoadRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerLoad:
         s = self._engine.stats
-        return wpb.WorkerLoad(
+        load = wpb.WorkerLoad(
             role="prefill",
             num_blocks=s.num_blocks,
             num_free_blocks=s.num_free_blocks,
             num_running_requests=s.num_running,
             num_waiting_requests=s.num_waiting,
             num_queued_prefill_tokens=self._queued_tokens,
+            num_reservations=self._sender.num_active_transfers,
+            draining=self.drain.is_draining,
         )
+        if request.check_integrity:
+            load.integrity_checked = True
+            load.integrity_error = await integrity_error(self._engine)
+        return load

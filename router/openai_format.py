@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.outputs import RequestOutput
-from engine.sampler import SampledToken
+from engine.outputs import RequestOutput, SampledToken
 from router.openai_tools import ParsedCall, ToolCallStream, parse_tool_calls
 
 TokenStrings = Callable[[Sequence[int]], list[str]]

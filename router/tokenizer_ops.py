@@ -9,9 +9,7 @@ from typing import Any
 
 class TokenizerOps:
     def __init__(self, model_path: str) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer: Any = load_tokenizer(model_path)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -37,3 +35,18 @@ class TokenizerOps:
             raise ValueError(f"messages: the chat template failed: {e}") from e
         # The template writes any BOS itself.
         return self.tokenize(str(text), add_special_tokens=False)
+
+
+def load_tokenizer(model_path: str) -> Any:
+    """The model's tokenizer. A folder with ``tokenizer.json`` (every Llama-family checkpoint
+    pdserve serves) loads as ``PreTrainedTokenizerFast``, which does not import torch:
+    ``AutoTokenizer`` does, and the router has no model to run."""
+    from pathlib import Path
+
+    if (Path(model_path) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(model_path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

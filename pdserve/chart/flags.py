@@ -46,6 +46,8 @@ class Flag:
     choices: tuple[str, ...] | None
     default: Any  # the CLI's default (None: unset)
     help: str
+    dest: str = ""  # the parsed attribute (argparse's dest)
+    inverted: bool = False  # a "--no-x" switch: passing it sets dest to False
 
     def python_type(self) -> Any:
         base: Any = {"boolean": bool, "integer": int, "number": float, "string": str}[self.kind]
@@ -59,8 +61,8 @@ def key_of(flag: str) -> str:
 
 
 def _kind(action: argparse.Action) -> Literal["boolean", "integer", "number", "string"]:
-    if isinstance(action, argparse._StoreTrueAction):
-        return "boolean"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return "boolean"  # a switch: true passes the flag
     if action.type is int:
         return "integer"
     if action.type is float:
@@ -82,13 +84,21 @@ def flags_of(parser: argparse.ArgumentParser, exclude: frozenset[str] = frozense
         flag = long[0]
         choices = tuple(str(c) for c in action.choices) if action.choices else None
         default = None if action.default is argparse.SUPPRESS else action.default
-        out.append(Flag(flag, key_of(flag), _kind(action), choices, default, action.help or ""))
+        if isinstance(action, argparse._StoreFalseAction):
+            default = False  # "--no-x": the switch is off unless passed
+        inverted = isinstance(action, argparse._StoreFalseAction)
+        out.append(
+            Flag(
+                flag, key_of(flag), _kind(action), choices, default, action.help or "",
+                dest=action.dest, inverted=inverted,
+            )
+        )
     return out
 
 
 def engine_parser() -> argparse.ArgumentParser:
-    """The engine flags both worker roles take (``pdserve.cli.add_engine_args``)."""
-    from pdserve.cli import add_engine_args
+    """The engine flags both worker roles take (``pdserve.options.add_engine_args``)."""
+    from pdserve.options import add_engine_args
 
     p = argparse.ArgumentParser(add_help=False)
     add_engine_args(p)

@@ -1,8 +1,8 @@
 """Engine gauges, counters and histograms of one ``AsyncEngine``, read at scrape time.
 
-Sources (all safe to read from the scrape thread): ``AsyncEngine.stats`` (a frozen snapshot the
-engine thread publishes), ``Scheduler.stats`` (monotonic integer counters) and
-``LLMEngine.metrics`` (``engine.metrics``: locked histograms).
+Sources (both safe to read from the scrape thread): ``AsyncEngine.stats`` (the frozen
+``EngineStats`` snapshot the engine thread publishes: gauges and counters) and
+``AsyncEngine.metrics`` (locked histograms).
 """
 
 from __future__ import annotations
@@ -27,17 +27,18 @@ class EngineCollector:
         names = list(self._labels)
         values = list(self._labels.values())
         s = self._engine.stats
-        sched = self._engine.engine.scheduler.stats
-        m = self._engine.engine.metrics.snapshot()
+        m = self._engine.metrics.snapshot()
 
         requests = GaugeMetricFamily(
             "pdserve_engine_requests",
-            "Requests in the engine by scheduler state (running, waiting, swapped).",
+            "Requests in the engine by scheduler state (running, waiting, swapped, "
+            "waiting_for_remote_kv).",
             labels=[*names, "state"],
         )
         requests.add_metric([*values, "running"], s.num_running)
         requests.add_metric([*values, "waiting"], s.num_waiting)
         requests.add_metric([*values, "swapped"], s.num_swapped)
+        requests.add_metric([*values, "waiting_for_remote_kv"], s.num_waiting_for_remote_kv)
         yield requests
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -72,28 +73,39 @@ class EngineCollector:
             "Requests preempted because KV blocks ran out, by mode (swap, recompute).",
             labels=[*names, "mode"],
         )
-        preemptions.add_metric([*values, "swap"], sched.num_preemptions_swap)
-        preemptions.add_metric([*values, "recompute"], sched.num_preemptions_recompute)
+        preemptions.add_metric([*values, "swap"], s.num_preemptions_swap)
+        preemptions.add_metric([*values, "recompute"], s.num_preemptions_recompute)
         yield preemptions
         swapped = CounterMetricFamily(
             "pdserve_engine_swapped_blocks",
             "KV blocks copied between the device pool and host memory, by direction (out, in).",
             labels=[*names, "direction"],
         )
-        swapped.add_metric([*values, "out"], sched.num_blocks_swapped_out)
-        swapped.add_metric([*values, "in"], sched.num_blocks_swapped_in)
+        swapped.add_metric([*values, "out"], s.num_blocks_swapped_out)
+        swapped.add_metric([*values, "in"], s.num_blocks_swapped_in)
         yield swapped
         yield counter(
             "pdserve_engine_prefix_cache_query_blocks",
             "Full prompt blocks looked up in the prefix cache at admission.",
-            sched.num_prefix_query_blocks,
+            s.num_prefix_query_blocks,
         )
         yield counter(
             "pdserve_engine_prefix_cache_hit_blocks",
             "Prompt blocks found in the prefix cache (not recomputed).",
-            sched.num_prefix_hit_blocks,
+            s.num_prefix_hit_blocks,
         )
         yield counter("pdserve_engine_steps", "Engine steps executed.", s.num_steps)
+        yield counter(
+            "pdserve_engine_invariant_checks",
+            "KV pool invariant checks run (whenever the engine goes idle, or every step with "
+            "--check-invariants).",
+            s.num_invariant_checks,
+        )
+        yield counter(
+            "pdserve_engine_invariant_failures",
+            "KV pool invariant checks that failed (a bug: blocks leaked or double-owned).",
+            s.num_invariant_failures,
+        )
         yield counter(
             "pdserve_engine_generation_tokens",
             "Tokens this engine sampled (a remote prefill's first token not included).",

@@ -26,7 +26,7 @@ def worker_registry(
     ProcessCollector(registry=registry)
     registry.register(EngineCollector(engine, role, model))
     ttft = TtftStages(role, model)
-    metrics = engine.engine.metrics
+    metrics = engine.metrics
     ttft.add("prefill_queue", metrics.queue_seconds)
     ttft.add("prefill_compute", metrics.prefill_seconds)
     for stage, histogram in stages.items():

@@ -97,7 +97,7 @@ def test_recompute_preemption_order_fcfs() -> None:
     assert shape(out) == [("a", 4, 1, True)]
     assert [r.request_id for r in s.waiting] == ["b", "c"]
     b = s.requests["b"]
-    assert b.num_computed_tokens == 0 and b.status == RequestStatus.WAITING
+    assert b.num_computed_tokens == 0 and b.status == RequestStatus.PREEMPTED
     assert s.stats.num_preemptions_recompute == 2
 
 

@@ -36,11 +36,6 @@ PENDING: dict[str, dict[str, int]] = {
         "--worker-tls-key-file": 16,
     },
     "worker": {
-        "--redis-url": 14,
-        "--redis-password-file": 14,
-        "--redis-ca-file": 14,
-        "--worker-id": 14,
-        "--shutdown-grace-s": 12,
         "--tls-ca-file": 16,
         "--tls-cert-file": 16,
         "--tls-key-file": 16,

@@ -96,7 +96,8 @@ def test_every_engine_flag_value_reaches_the_workers_as_that_flag() -> None:
         # null drops the chart default for prefill (Helm deletes a key set to null)
         ns = _args_of(role, {"engine": engine, "prefill": {"flags": {"maxNumBatchedTokens": None}}})
         for f in engine_flags():
-            assert getattr(ns, _dest(f.flag)) == engine[f.key], f.flag
+            parsed = not engine[f.key] if f.inverted else engine[f.key]
+            assert getattr(ns, f.dest) == parsed, f.flag
 
 
 def test_pool_flags_override_engine_flags() -> None:
@@ -126,11 +127,11 @@ def test_chart_owned_flags_are_not_values() -> None:
 
 def test_default_workers_run_as_pdserve_serve_runs_them() -> None:
     """The chart's defaults give each worker the engine options `pdserve serve` gives it."""
-    from pdserve.cli import build_parser, engine_options
-    from pdserve.launch import engine_argv
+    from pdserve.cli import build_parser
+    from pdserve.options import config_to_argv, engine_config_from_args
 
     serve = build_parser().parse_args(["serve"])
-    common = engine_argv(serve)
+    common = config_to_argv(engine_config_from_args(serve), exclude=("model",))
     serve_argv = {
         "decode": ["decode", *common],
         "prefill": [
@@ -141,5 +142,5 @@ def test_default_workers_run_as_pdserve_serve_runs_them() -> None:
         ],
     }
     for role, argv in serve_argv.items():
-        expected = engine_options(parse_pdserve_args(argv).namespace)
-        assert engine_options(_args_of(role, {})) == expected, role
+        expected = engine_config_from_args(parse_pdserve_args(argv).namespace)
+        assert engine_config_from_args(_args_of(role, {})) == expected, role

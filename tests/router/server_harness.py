@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,18 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As `pdserve serve --worker-start-timeout-s`: a loaded 2-core machine took 89 s.
 STARTUP_TIMEOUT_S = 300.0
+
+
+_spawned: list[subprocess.Popen[str]] = []
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A test killed by its timeout may skip its cleanup: no server outlives the run (nor do
+    its workers: each server leads its own process group)."""
+    for proc in _spawned:
+        if proc.poll() is None:
+            _kill_group(proc)
 
 
 @dataclass
@@ -34,8 +48,10 @@ class Server:
         return 1 if self.colocated else 2
 
     def health(self) -> dict[str, Any]:
+        """/health's body, also when it says 503 (unavailable, draining)."""
         r = httpx.get(f"{self.http_url}/health", timeout=10)
-        r.raise_for_status()
+        if r.status_code != 503:
+            r.raise_for_status()
         return dict(r.json())
 
     def wait_pool_free(self, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -78,13 +94,34 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
     """Launch on free ports (the server prints them) and wait until /health says ok.
     ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes)."""
+    cmd = [
+        "serve", *(["--colocated"] if colocated else []),
+        "--model", str(model), "--dtype", "float32", *extra,
+    ]  # fmt: skip
+    return launch(cmd, colocated)
+
+
+def start_router(
+    model: Path, decode: Sequence[str], prefill: Sequence[str], *extra: str
+) -> Server:
+    """``pdserve router`` over running workers (their gRPC targets), on free ports."""
+    cmd = ["router", "--model", str(model)]
+    for target in decode:
+        cmd += ["--decode", target]
+    for target in prefill:
+        cmd += ["--prefill", target]
+    return launch([*cmd, *extra], colocated=False)
+
+
+def launch(pdserve_args: Sequence[str], colocated: bool) -> Server:
+    """Run ``python -m pdserve ARGS --grpc-port 0 --http-port 0 --served-model-name tiny``
+    and wait until it serves and /health says ok."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
-        sys.executable, "-m", "pdserve", "serve", *(["--colocated"] if colocated else []),
-        "--grpc-port", "0", "--http-port", "0",
-        "--model", str(model), "--dtype", "float32", "--served-model-name", "tiny",
-        *extra,
+        sys.executable, "-m", "pdserve", pdserve_args[0],
+        "--grpc-port", "0", "--http-port", "0", "--served-model-name", "tiny",
+        *pdserve_args[1:],  # after the harness's: a test's own --served-model-name comes second
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
@@ -95,6 +132,7 @@ def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
         text=True,
         start_new_session=True,  # one group with its workers, for _kill_group
     )
+    _spawned.append(proc)
     lines: list[str] = []
     found: dict[str, str] = {}
     ready = threading.Event()
