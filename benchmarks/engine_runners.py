@@ -25,6 +25,11 @@ from typing import Any
 
 Requests = list[dict[str, Any]]
 
+# Run as a script, this file's folder comes first on sys.path, where benchmarks/kernels.py would
+# shadow the `kernels` package the engine imports. Nothing is imported from that folder.
+if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+    sys.path.pop(0)
+
 
 @dataclass
 class Loaded:
@@ -80,7 +85,7 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
     from pdserve import LLM, SamplingParams
 
     # Unset options keep the engine's own defaults.
-    kwargs: dict[str, Any] = {"dtype": "float32"}
+    kwargs: dict[str, Any] = {"dtype": options.get("dtype") or "float32"}
     for key in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "skip_tokenizer_init"):
         if options.get(key) is not None:
             kwargs[key] = options[key]
@@ -97,6 +102,13 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
         return [list(o.token_ids) for o in outputs]
 
     return Loaded(load_s, run, {"llm_kwargs": kwargs})
+
+
+def load_pdserve_torch(model: str, options: dict[str, Any]) -> Loaded:
+    """pdserve without its compiled CPU kernels (the torch attention backend and torch layers):
+    the previous CPU path, and what a machine without a C++ compiler runs."""
+    os.environ["PDSERVE_CPU_KERNELS"] = "0"
+    return load_pdserve(model, options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +274,7 @@ def load_vllm(model: str, options: dict[str, Any]) -> Loaded:
 
 LOADERS: dict[str, Callable[[str, dict[str, Any]], Loaded]] = {
     "pdserve": load_pdserve,
+    "pdserve-torch": load_pdserve_torch,
     "hf-static": load_hf_static,
     "hf-cb": load_hf_cb,
     "vllm": load_vllm,

@@ -12,10 +12,15 @@ greedy, EOS ignored, fixed seed, on a random-weight Llama with the SmolLM2-135M 
 ``--vllm-python``, see benchmarks/README.md): load, a short warm-up, then ``--repeats`` timed
 passes over the whole workload. Wall time counts neither the load nor the warm-up.
 
-Reported per engine: median output tokens/s, pdserve's speed-up over it, and the fraction of
+Reported per engine: median output tokens/s, pdserve's speed-up over it, the fraction of
 the compute roofline it reaches (roofline time = the workload's minimal matmul FLOPs / the
-best fp32 GEMM rate measured at the model's shapes in this run). Greedy outputs are compared
-with pdserve's request by request; an exact-match count is printed, divergences are not hidden.
+best fp32 GEMM rate measured at the model's shapes in this run), and the fraction of the
+workload's physical floor (``benchmarks/floor.py``: prefill FLOPs at that GEMM rate plus decode
+steps x weight and KV bytes at the read bandwidth measured in the same run). Greedy outputs are
+compared with pdserve's request by request; an exact-match count is printed, divergences are
+not hidden. ``pdserve-torch`` is pdserve without its compiled CPU kernels
+(``PDSERVE_CPU_KERNELS=0``: the torch attention backend and torch layers), the path a machine
+without a C++ compiler takes.
 """
 
 from __future__ import annotations
@@ -28,13 +33,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+from benchmarks.floor import physical_floor  # noqa: E402
 from benchmarks.throughput_report import compare_outputs, print_report, summarize  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
+    SHAPES,
     ensure_model_folder,
     make_workload,
     model_shape,
@@ -42,10 +50,17 @@ from benchmarks.workloads import (  # noqa: E402
     workload_to_json,
 )
 
-ENGINES = ("pdserve", "hf-static", "hf-cb", "vllm")
+ENGINES = ("pdserve", "pdserve-torch", "hf-static", "hf-cb", "vllm")
 RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
 ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
-DEFAULT_MODEL_DIR = Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32"
+BENCH_DIR = Path.home() / ".cache" / "pdserve" / "bench"
+DEFAULT_MODEL_DIR = BENCH_DIR / "smollm2-135m-shape-random-fp32"
+
+
+def default_model_dir(shape: str) -> Path:
+    return (
+        DEFAULT_MODEL_DIR if shape == "smollm2-135m" else BENCH_DIR / f"{shape}-shape-random-fp32"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,7 +79,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--repeats", type=int, default=2, help="timed passes per engine (median reported)"
     )
-    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="model shape")
+    p.add_argument("--model-dir", type=Path, default=None, help="default: by --shape, cached")
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="print the workload and the engines' commands, run nothing, create nothing",
+    )
+    p.add_argument(
+        "--skip-roofline",
+        action="store_true",
+        help="no CPU GEMM/bandwidth measurement (runs on a GPU); no roofline or floor columns",
+    )
     p.add_argument("--out", type=Path, help="write raw results as JSON here")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine subprocess")
     p.add_argument(
@@ -90,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pdserve-max-num-batched-tokens", type=int, default=None, help="default: pdserve's"
     )
     g.add_argument("--pdserve-num-kv-blocks", type=int, default=None, help="default: pdserve's")
+    g.add_argument("--pdserve-dtype", default="float32", help="pdserve engines' dtype")
     g.add_argument(
         "--pdserve-skip-tokenizer-init",
         action="store_true",
@@ -117,17 +144,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
     if "vllm" in args.engines and not args.vllm_python:
         p.error("--vllm-python is required for the vllm engine")
+    if args.model_dir is None:
+        args.model_dir = default_model_dir(args.shape)
     return args
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    pdserve = {
+        "max_num_seqs": args.pdserve_max_num_seqs,
+        "max_num_batched_tokens": args.pdserve_max_num_batched_tokens,
+        "num_kv_blocks": args.pdserve_num_kv_blocks,
+        "skip_tokenizer_init": args.pdserve_skip_tokenizer_init or None,
+        "dtype": args.pdserve_dtype,
+    }
     return {
-        "pdserve": {
-            "max_num_seqs": args.pdserve_max_num_seqs,
-            "max_num_batched_tokens": args.pdserve_max_num_batched_tokens,
-            "num_kv_blocks": args.pdserve_num_kv_blocks,
-            "skip_tokenizer_init": args.pdserve_skip_tokenizer_init or None,
-        },
+        "pdserve": pdserve,
+        "pdserve-torch": pdserve,
         "hf-static": {"batch_size": args.hf_batch_size},
         "hf-cb": {
             "page_size": args.hf_cb_page_size,
@@ -236,8 +268,24 @@ def run_engine(engine: str, args: argparse.Namespace, spec_path: Path, tmp: Path
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    shape = model_shape()
-    model_dir = ensure_model_folder(args.model_dir)
+    shape = model_shape(args.shape)
+    if args.plan_only:
+        requests = make_workload(
+            args.num_requests,
+            tuple(args.prompt_len),
+            tuple(args.output_len),
+            shape.vocab_size,
+            args.seed,
+        )
+        prompt = sum(len(r.prompt_token_ids) for r in requests)
+        output = sum(r.max_tokens for r in requests)
+        print(f"shape {args.shape}: {shape}; model folder {args.model_dir}")
+        print(f"workload: {len(requests)} requests, {prompt} prompt + {output} output tokens")
+        for engine in args.engines:
+            print(f"engine {engine}: {RUNNER.name} --engine {engine}, {args.repeats} passes")
+        print("roofline/floor:", "skipped" if args.skip_roofline else f"{ROOFLINE.name} twice")
+        return
+    model_dir = ensure_model_folder(args.model_dir, shape=args.shape)
     requests = make_workload(
         args.num_requests,
         tuple(args.prompt_len),
@@ -263,14 +311,21 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(tmp_name)
         spec_path = tmp / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        gemm = [dict(measure_roofline(args, tmp, "start"), tag="start")]
+        gemm = (
+            [] if args.skip_roofline else [dict(measure_roofline(args, tmp, "start"), tag="start")]
+        )
         results: dict[str, dict[str, Any]] = {}
         for engine in args.engines:
             results[engine] = run_engine(engine, args, spec_path, tmp)
-        gemm.append(dict(measure_roofline(args, tmp, "end"), tag="end"))
+        if not args.skip_roofline:
+            gemm.append(dict(measure_roofline(args, tmp, "end"), tag="end"))
 
-    gemm_gflops = max(g["best_layer_gflops"] for g in gemm)
-    summary = summarize(results, flops, gemm_gflops)
+    gemm_gflops = max((g["best_layer_gflops"] for g in gemm), default=None)
+    read_gbps = max((g["read_gbps"] for g in gemm), default=None)
+    floor = None
+    if gemm_gflops is not None and read_gbps is not None:
+        floor = physical_floor(requests, shape, gemm_gflops, read_gbps)
+    summary = summarize(results, flops, gemm_gflops, floor)
     agreement: dict[str, dict[str, Any]] = {}
     if "pdserve" in results:
         ref = results["pdserve"]["output_token_ids"]
@@ -285,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         hf_self = None
 
-    print_report(args, totals, flops, gemm, gemm_gflops, results, summary, agreement)
+    print_report(args, totals, flops, gemm, gemm_gflops, floor, results, summary, agreement)
     if hf_self is not None:
         print(f"hf-static vs hf-cb: {hf_self['num_exact']}/{hf_self['num_requests']} exact")
 
@@ -297,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
             "workload": {"totals": totals, "flops": flops, "requests": spec["requests"]},
             "gemm": gemm,
             "gemm_gflops_roofline": gemm_gflops,
+            "read_gbps": read_gbps,
+            "floor": None if floor is None else {**asdict(floor), "total_s": floor.total_s},
             "summary": summary,
             "agreement_vs_pdserve": agreement,
             "agreement_hf_static_vs_hf_cb": hf_self,

@@ -8,9 +8,12 @@ engine's objects at run time (no engine code changes; about a microsecond per wr
 
     step = schedule + execute + update/outputs
     execute = prepare inputs + forward + lm_head + sampling
-    forward = GEMMs in the decoder layers (every nn.Linear but lm_head) + attention
-              (backend.forward: KV store, KV gather, SDPA) + the rest (embedding, norms, rope,
+    forward = GEMMs in the decoder layers (every nn.Linear or PackedLinear but lm_head) +
+              attention (backend.forward: KV store, then the cpu backend's paged attention or
+              the torch backend's gather + SDPA) + the rest (embedding, norms, rope,
               activation, residual adds)
+
+``PDSERVE_CPU_KERNELS=0`` in the environment profiles the torch path instead.
 
 Steps are split into those that carry prefill tokens and pure decode steps. With
 ``--op-profile-steps N`` a second pass runs ``torch.profiler`` over N steps in the middle of the
@@ -70,11 +73,13 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
     """Put timers on the engine's pieces; return the list that per-step records go into."""
     import torch.nn as nn
 
+    from engine.models.layers import PackedLinear
+
     engine = llm.engine
     runner = engine.runner
     model = runner.model
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear | PackedLinear):
             timers.hook_module(module, "lm_head" if name == "lm_head" else "gemm")
     timers.wrap(engine.scheduler, "schedule", "schedule")
     timers.wrap(engine.scheduler, "update_from_output", "update")
@@ -103,8 +108,12 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
         out = last.get("out")
         num_seqs = len(out.scheduled) if out is not None else 0
         num_tokens = out.num_scheduled_tokens if out is not None else 0
+        # Key positions the step's attention reads: every scheduled request's whole context.
+        keys = (
+            sum(r.num_computed_tokens + r.num_scheduled_tokens for r in out.scheduled) if out else 0
+        )
         record = {k: timers.total[k] - before.get(k, 0.0) for k in timers.total}
-        record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens)
+        record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens, keys=keys)
         steps.append(record)
         return result
 
@@ -113,7 +122,10 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
     return steps
 
 
-def report(steps: list[dict[str, float]], wall_s: float) -> None:
+def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float]) -> None:
+    """Per group of steps, where the time goes; for decode steps also attention against the
+    time to read its KV once and the GEMMs against streaming their weights once, both at the
+    read bandwidth ``floors['read_gbps']`` measured in the same run."""
     groups = {
         "prefill+decode steps": [s for s in steps if s["num_tokens"] > s["num_seqs"]],
         "decode-only steps": [s for s in steps if 0 < s["num_tokens"] == s["num_seqs"]],
@@ -122,7 +134,7 @@ def report(steps: list[dict[str, float]], wall_s: float) -> None:
         ("schedule", "scheduler.schedule"),
         ("prepare_inputs", "prepare inputs (runner + backend.prepare)"),
         ("gemm", "GEMMs in decoder layers (qkv, o, gate_up, down)"),
-        ("attention", "attention (KV store + gather + SDPA)"),
+        ("attention", "attention (KV store + attention)"),
         ("forward_rest", "rest of forward (embed, norms, rope, act, adds)"),
         ("lm_head", "lm_head"),
         ("sampling", "sampling"),
@@ -151,6 +163,20 @@ def report(steps: list[dict[str, float]], wall_s: float) -> None:
             print(
                 f"  {text:<50} {sums[key]:>7.2f} s {sums[key] / sums['wall']:>6.1%}"
                 f" {sums[key] / n * 1e3:>8.2f} ms/step"
+            )
+        if name == "decode-only steps":
+            bw = floors["read_gbps"] * 1e9
+            kv_ms = sums["keys"] / n * floors["kv_bytes_per_position"] / bw * 1e3
+            gemm_ms = floors["layer_weight_bytes"] / bw * 1e3
+            att_ms = sums["attention"] / n * 1e3
+            mm_ms = sums["gemm"] / n * 1e3
+            print(
+                f"  at {floors['read_gbps']:.1f} GB/s read bandwidth (measured in this run): "
+                f"attention {att_ms:.1f} ms vs reading its KV once ({sums['keys'] / n:,.0f} "
+                f"positions) {kv_ms:.1f} ms = {att_ms / kv_ms:.2f}x; decoder GEMMs {mm_ms:.1f} "
+                f"ms vs streaming their weights once "
+                f"({floors['layer_weight_bytes'] / 1e6:.0f} MB) {gemm_ms:.1f} ms = "
+                f"{mm_ms / gemm_ms:.2f}x"
             )
 
 
@@ -212,6 +238,8 @@ def main() -> None:
         if v is not None
     }
     llm = LLM(model=str(model_dir), dtype="float32", **options)
+    kernels_on = llm.engine.runner.model.kernels is not None
+    print(f"attention backend {llm.engine.backend.name}, CPU kernels {kernels_on}")
 
     def run_requests(reqs: list[Any]) -> int:
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
@@ -232,7 +260,15 @@ def main() -> None:
         f"{num_output / wall_s:.1f} tok/s, {flops / wall_s / 1e9:.1f} GFLOP/s of useful "
         f"matmul work (torch threads {torch.get_num_threads()}, timers on)"
     )
-    report(steps, wall_s)
+    from benchmarks.floor import BYTES_PER_PARAM, kv_bytes_per_position
+    from benchmarks.roofline import measure_read_bandwidth
+
+    floors = {
+        "read_gbps": measure_read_bandwidth(),
+        "kv_bytes_per_position": kv_bytes_per_position(shape),
+        "layer_weight_bytes": BYTES_PER_PARAM * shape.params_in_linear_layers,
+    }
+    report(steps, wall_s, floors)
     if args.op_profile_steps:
         op_profile(
             llm,

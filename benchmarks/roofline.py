@@ -1,21 +1,29 @@
-"""Measure this machine's fp32 GEMM rate at the benchmark model's matmul shapes.
+"""Measure this machine's fp32 GEMM rate at the benchmark model's matmul shapes, and its
+streaming read bandwidth.
 
-    python benchmarks/roofline.py [--m 32 128 512]
+    python benchmarks/roofline.py [--m 32 128 512] [--streamed 1 18 32]
 
 Prints (and with ``--out`` writes) GFLOP/s per row count ``M``: ``x[M, K] @ W[N, K].T`` over
 one decoder layer's seven projections (rate = their FLOPs over their time, from the fastest
 call of each and from the median call), and the lm_head alone. The best fastest-call layer rate
 is the roofline the benchmark compares engines against: what two cores do with no one else on
 them (other jobs share this machine, so the median call is often slower).
+
+The read bandwidth (GB/s of the fastest of 5 multi-threaded sums over 512 MB, far past the
+caches) is the memory floor: decode steps cannot stream weights or KV faster. ``--streamed``
+times all 30 layers' GEMMs with weights from DRAM at decode-like M, with ``F.linear`` and (when
+they build) pdserve's packed GEMM of the compiled CPU kernels, against that floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,36 +74,86 @@ def measure_gemm(row_counts: list[int], min_s: float = 0.5) -> dict[str, Any]:
     return {"num_threads": torch.get_num_threads(), "by_m": by_m, "best_layer_gflops": best}
 
 
+def measure_read_bandwidth(mbytes: int = 512, passes: int = 5) -> float:
+    """GB/s (1e9 B/s) of the fastest of ``passes`` multi-threaded sums over ``mbytes`` MB."""
+    buf = torch.ones(mbytes * (1 << 20) // 4, dtype=torch.float32)
+    float(buf.sum())  # first touch
+    best = float("inf")
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        float(buf.sum())
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 4 / best / 1e9
+
+
 def measure_streamed(row_counts: list[int], passes: int = 5) -> dict[str, Any]:
     """Per-step cost of all decoder layers' GEMMs when weights come from DRAM, as in a real
     forward pass: every layer has its own weights (the whole model's, ~425 MB in fp32), so
     nothing stays in cache between calls. At decode-like ``M`` this is bandwidth-bound; the
-    fastest pass gives GB/s of weights streamed and GFLOP/s."""
+    fastest pass gives GB/s of weights streamed and GFLOP/s. Measured for ``F.linear`` and,
+    when the compiled CPU kernels load, for their packed GEMM (``pdserve``), with the weights'
+    bytes at the read bandwidth measured in the same run as the floor."""
+    from kernels.cpu import load
+
     shape = model_shape()
     layers = [
         [torch.randn(n, k, dtype=torch.float32) for _, k, n in shape.linear_shapes()]
         for _ in range(shape.num_hidden_layers)
     ]
     weight_bytes = sum(w.numel() * 4 for layer in layers for w in layer)
-    by_m: dict[str, dict[str, float]] = {}
+    read_gbps = measure_read_bandwidth()
+    impls: dict[str, list[list[Callable[[torch.Tensor], torch.Tensor]]]] = {
+        "F.linear": [[functools.partial(_f_linear, w=w) for w in layer] for layer in layers]
+    }
+    kernels = load()
+    if kernels is not None:
+        impls["pdserve"] = [
+            [
+                functools.partial(
+                    kernels.linear,
+                    packed=kernels.pack_linear_weight(w),
+                    out_features=w.shape[0],
+                    bias=None,
+                )
+                for w in layer
+            ]
+            for layer in layers
+        ]
+    del layers
+    by_impl: dict[str, dict[str, dict[str, float]]] = {}
     with torch.inference_mode():
-        for m in row_counts:
-            xs = {k: torch.randn(m, k, dtype=torch.float32) for _, k, _ in shape.linear_shapes()}
-            times = []
-            for _ in range(passes + 1):
-                t0 = time.perf_counter()
-                for layer in layers:
-                    for w in layer:
-                        F.linear(xs[w.shape[1]], w)
-                times.append(time.perf_counter() - t0)
-            fastest = min(times[1:])
-            flops = 2.0 * m * shape.params_in_linear_layers
-            by_m[str(m)] = {
-                "pass_ms": fastest * 1e3,
-                "weight_gb_per_s": weight_bytes / fastest / 1e9,
-                "gflops": flops / fastest / 1e9,
-            }
-    return {"weight_bytes": weight_bytes, "by_m": by_m}
+        for name, fns in impls.items():
+            by_m: dict[str, dict[str, float]] = {}
+            for m in row_counts:
+                xs = {k: torch.randn(m, k) for _, k, _ in shape.linear_shapes()}
+                ks = [k for _, k, _ in shape.linear_shapes()]
+                times = []
+                for _ in range(passes + 1):
+                    t0 = time.perf_counter()
+                    for layer in fns:
+                        for f, k in zip(layer, ks, strict=True):
+                            f(xs[k])
+                    times.append(time.perf_counter() - t0)
+                fastest = min(times[1:])
+                flops = 2.0 * m * shape.params_in_linear_layers
+                by_m[str(m)] = {
+                    "pass_ms": fastest * 1e3,
+                    "weight_gb_per_s": weight_bytes / fastest / 1e9,
+                    "gflops": flops / fastest / 1e9,
+                    "x_floor": fastest / (weight_bytes / (read_gbps * 1e9)),
+                }
+            by_impl[name] = by_m
+    return {
+        "weight_bytes": weight_bytes,
+        "read_gbps": read_gbps,
+        "floor_ms": weight_bytes / (read_gbps * 1e9) * 1e3,
+        "by_m": by_impl["F.linear"],
+        "by_impl": by_impl,
+    }
+
+
+def _f_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
 
 
 def main() -> None:
@@ -113,13 +171,22 @@ def main() -> None:
     )
     args = parser.parse_args()
     result = measure_gemm(args.m, args.min_s)
+    result["read_gbps"] = measure_read_bandwidth()
+    print(f"read bandwidth: {result['read_gbps']:.1f} GB/s (fastest of 5 sums over 512 MB)")
     if args.streamed:
-        result["streamed"] = measure_streamed(args.streamed)
-        for m, r in result["streamed"]["by_m"].items():
-            print(
-                f"streamed, M={m:>4}: {r['pass_ms']:.1f} ms for 30 layers' GEMMs, "
-                f"{r['weight_gb_per_s']:.1f} GB/s of weights, {r['gflops']:.1f} GFLOP/s"
-            )
+        streamed = measure_streamed(args.streamed)
+        result["streamed"] = streamed
+        print(
+            f"streamed floor: {streamed['weight_bytes'] / 1e6:.0f} MB of weights at "
+            f"{streamed['read_gbps']:.1f} GB/s = {streamed['floor_ms']:.1f} ms"
+        )
+        for name, by_m in streamed["by_impl"].items():
+            for m, r in by_m.items():
+                print(
+                    f"streamed {name:<8} M={m:>4}: {r['pass_ms']:.1f} ms for 30 layers' GEMMs "
+                    f"({r['x_floor']:.2f}x the floor), {r['weight_gb_per_s']:.1f} GB/s of "
+                    f"weights, {r['gflops']:.1f} GFLOP/s"
+                )
     for m, rates in result["by_m"].items():
         print(
             f"M={m:>4}: layer {rates['layer_gflops']:.1f} GFLOP/s fastest call, "

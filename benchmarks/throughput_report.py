@@ -8,6 +8,8 @@ import os
 import statistics
 from typing import Any
 
+from benchmarks.floor import Floor
+
 
 def compare_outputs(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
     """Exact-match count, and for each mismatch the index of the first differing token."""
@@ -32,10 +34,16 @@ def compare_outputs(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
 
 
 def summarize(
-    results: dict[str, dict[str, Any]], flops: dict[str, float], gemm_gflops: float
+    results: dict[str, dict[str, Any]],
+    flops: dict[str, float],
+    gemm_gflops: float | None,
+    floor: Floor | None = None,
 ) -> dict[str, Any]:
-    roofline_s = flops["total"] / (gemm_gflops * 1e9)
-    summary: dict[str, Any] = {"roofline_s": roofline_s}
+    """Per engine: median wall, output tok/s, and (when measured) the fractions of the compute
+    roofline and of the physical floor it reaches."""
+    roofline_s = flops["total"] / (gemm_gflops * 1e9) if gemm_gflops else None
+    floor_s = floor.total_s if floor is not None else None
+    summary: dict[str, Any] = {"roofline_s": roofline_s, "floor_s": floor_s}
     for engine, r in results.items():
         walls = [p["wall_s"] for p in r["passes"]]
         num_output = r["passes"][0]["num_output_tokens"]
@@ -45,7 +53,8 @@ def summarize(
             "min_wall_s": min(walls),
             "max_wall_s": max(walls),
             "output_tok_per_s": num_output / wall,
-            "roofline_fraction": roofline_s / wall,
+            "roofline_fraction": roofline_s / wall if roofline_s else None,
+            "floor_fraction": floor_s / wall if floor_s else None,
             "median_others_cpu_share": statistics.median(
                 p["others_cpu_share"] for p in r["passes"]
             ),
@@ -62,7 +71,8 @@ def print_report(
     totals: dict[str, int],
     flops: dict[str, float],
     gemm: list[dict[str, Any]],
-    gemm_gflops: float,
+    gemm_gflops: float | None,
+    floor: Floor | None,
     results: dict[str, dict[str, Any]],
     summary: dict[str, Any],
     agreement: dict[str, dict[str, Any]],
@@ -88,14 +98,25 @@ def print_report(
             f"fp32 GEMM at layer shapes ({g['tag']} of run, {g['num_threads']} threads), "
             f"GFLOP/s fastest call (median call): {rates}"
         )
-    print(
-        f"roofline: {gemm_gflops:.0f} GFLOP/s (best measured) -> {summary['roofline_s']:.1f} s, "
-        f"{totals['output'] / summary['roofline_s']:.1f} output tok/s"
-    )
+    if gemm_gflops is not None:
+        print(
+            f"roofline: {gemm_gflops:.0f} GFLOP/s (best measured) -> "
+            f"{summary['roofline_s']:.1f} s, {totals['output'] / summary['roofline_s']:.1f} "
+            "output tok/s"
+        )
+    if floor is not None:
+        print(
+            f"physical floor: {floor.total_s:.1f} s ({totals['output'] / floor.total_s:.1f} "
+            f"output tok/s) = prefill {floor.prefill_s:.1f} s at {floor.gemm_gflops:.0f} GFLOP/s"
+            f" + {floor.decode_steps} decode steps {floor.decode_s:.1f} s at "
+            f"{floor.read_gbps:.1f} GB/s read (weights {floor.decode_weights_s:.1f} s, KV "
+            f"{floor.decode_kv_s:.1f} s, compute past the bytes {floor.decode_compute_extra_s:.1f}"
+            " s)"
+        )
     print()
     header = (
-        f"{'engine':<10} {'load s':>7} {'wall s (median; min-max)':>26} {'out tok/s':>10} "
-        f"{'pdserve x':>9} {'roofline':>9} {'others':>9} {'= pdserve':>10}"
+        f"{'engine':<13} {'load s':>7} {'wall s (median; min-max)':>26} {'out tok/s':>10} "
+        f"{'pdserve x':>9} {'roofline':>9} {'floor':>7} {'others':>7} {'= pdserve':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -105,16 +126,17 @@ def print_report(
         speedup = f"{s['pdserve_speedup']:.2f}" if "pdserve_speedup" in s else "-"
         match = agreement.get(engine)
         match_s = f"{match['num_exact']}/{match['num_requests']}" if match else "-"
+        roof = f"{s['roofline_fraction']:.1%}" if s["roofline_fraction"] else "-"
+        fl = f"{s['floor_fraction']:.1%}" if s["floor_fraction"] else "-"
         print(
-            f"{engine:<10} {r['load_s']:>7.1f} {span:>26} {s['output_tok_per_s']:>10.1f} "
-            f"{speedup:>9} {s['roofline_fraction']:>8.1%} "
-            f"{s['median_others_cpu_share']:>8.0%} {match_s:>10}"
+            f"{engine:<13} {r['load_s']:>7.1f} {span:>26} {s['output_tok_per_s']:>10.1f} "
+            f"{speedup:>9} {roof:>9} {fl:>7} {s['median_others_cpu_share']:>7.0%} {match_s:>10}"
         )
     print()
     print("pdserve x: pdserve's output tok/s divided by the engine's (>1: pdserve is faster).")
     print(
-        "roofline: roofline time / engine wall time. others: share of both cores other jobs used "
-        "during the passes (median)."
+        "roofline / floor: roofline time / physical floor over the engine's wall time. others: "
+        "share of all cores other jobs used during the passes (median)."
     )
     for engine, m in agreement.items():
         if m["first_diff_positions"]:

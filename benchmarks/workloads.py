@@ -1,8 +1,9 @@
 """The offline-throughput workload: the model shape, the model folder, the requests, their FLOPs.
 
 Everything here is deterministic from a seed, so every engine (and every rerun) sees the same
-token ids. The model is a random-weight Llama with the SmolLM2-135M shape, saved once as a
-Hugging Face folder (config.json + model.safetensors + tokenizer) that all engines load.
+token ids. The model is a random-weight Llama with the SmolLM2-135M shape (or, with
+``shape="llama-1b"``, the Llama-3.2-1B shape), saved once as a Hugging Face folder
+(config.json + model.safetensors + tokenizer) that all engines load.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ SMOLLM2_135M_SHAPE: dict[str, Any] = {
     "max_position_embeddings": 8192,
     "rms_norm_eps": 1e-5,
 }
+
+# Llama-3.2-1B's shape (a ~1.2B-parameter model; rope scaling left out, max positions cut).
+LLAMA_1B_SHAPE: dict[str, Any] = {
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+}
+
+SHAPES: dict[str, dict[str, Any]] = {"smollm2-135m": SMOLLM2_135M_SHAPE, "llama-1b": LLAMA_1B_SHAPE}
 
 # Bump when the folder's contents change, so an old cached folder is rebuilt.
 _MODEL_FORMAT_VERSION = 1
@@ -80,8 +97,8 @@ class ModelShape:
         return self.hidden_size * self.vocab_size
 
 
-def model_shape() -> ModelShape:
-    s = SMOLLM2_135M_SHAPE
+def model_shape(name: str = "smollm2-135m") -> ModelShape:
+    s = SHAPES[name]
     return ModelShape(
         hidden_size=int(s["hidden_size"]),
         num_hidden_layers=int(s["num_hidden_layers"]),
@@ -162,10 +179,10 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
-def ensure_model_folder(folder: Path, seed: int = 0) -> Path:
+def ensure_model_folder(folder: Path, seed: int = 0, shape: str = "smollm2-135m") -> Path:
     """Create the random-weight model folder once; reuse it when it is already complete."""
     marker = folder / "pdserve_bench_model.json"
-    expected = {"version": _MODEL_FORMAT_VERSION, "seed": seed, "shape": SMOLLM2_135M_SHAPE}
+    expected = {"version": _MODEL_FORMAT_VERSION, "seed": seed, "shape": SHAPES[shape]}
     if marker.exists() and json.loads(marker.read_text()) == expected:
         return folder
 
@@ -174,7 +191,7 @@ def ensure_model_folder(folder: Path, seed: int = 0) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     config = LlamaConfig(
-        **SMOLLM2_135M_SHAPE,
+        **SHAPES[shape],
         hidden_act="silu",
         bos_token_id=0,
         eos_token_id=0,
@@ -186,6 +203,6 @@ def ensure_model_folder(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)  # fp32 parameters
     model.save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder, int(SMOLLM2_135M_SHAPE["vocab_size"]))
+    _write_tokenizer(folder, int(SHAPES[shape]["vocab_size"]))
     marker.write_text(json.dumps(expected))
     return folder

@@ -1,6 +1,8 @@
 """Executes one ``SchedulerOutput``: swaps, builds the flat batch, runs the model, samples.
 
-The runner alone owns the device: the model weights, the KV pool and the sampler's state.
+The runner alone owns the device: the model weights, the KV pool and the sampler's state. On
+CPU it switches the model to the compiled kernels of ``kernels/cpu`` when they are available
+(``kernels.cpu.load``; ``PDSERVE_CPU_KERNELS=0`` keeps the plain-torch path).
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ class ModelRunner:
         )
         self.sampler = Sampler(model_config.eos_token_ids, grammars)
         self._windows = model_config.sliding_windows or (None,) * model_config.num_layers
+        if device.type == "cpu":
+            from kernels.cpu import load
+
+            kernels = load()
+            if kernels is not None:
+                model.use_cpu_kernels(kernels)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:

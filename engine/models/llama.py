@@ -2,10 +2,16 @@
 variable-length batch and a paged KV pool.
 
 q/k/v and gate/up projections are fused into one GEMM each; the checkpoint loader splits HF's
-separate weights into them.
+separate weights into them. The residual stream is carried beside each layer's output, so the
+add before every RMSNorm can be fused into it (``RMSNorm.add_forward``): the arithmetic is HF's,
+``h = x + attn(norm(x)); out = h + mlp(norm(h))``, in the same order.
+
+``use_cpu_kernels`` switches the model to the compiled CPU kernels (``kernels.cpu``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +19,7 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
-from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from engine.models.layers import PackedLinear, RMSNorm, RotaryEmbedding, StepRotary
 
 
 class LlamaAttention(nn.Module):
@@ -35,7 +41,7 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        rotary: StepRotary,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
@@ -50,10 +56,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        cos, sin = cos_sin
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        out = backend.forward(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
+        q, k = rotary.apply(q, k)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # v: a strided view
         return self.o_proj(out.reshape(n, self.q_size))
 
 
@@ -63,9 +67,13 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.kernels: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.kernels is not None:
+            return self.down_proj(self.kernels.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -80,14 +88,23 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        residual: torch.Tensor | None,
+        rotary: StepRotary,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos_sin, k_cache, v_cache, meta, backend)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual stream)``: the layer's output is their sum, which the next
+        layer's input norm (or the final norm) computes fused with its normalisation."""
+        if residual is None:  # first layer: x is the embedding, the stream starts there
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rotary, k_cache, v_cache, meta, backend)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -99,12 +116,29 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(cfg, has_qkv_bias, has_qk_norm) for _ in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head: nn.Module = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(
             cfg.inv_freq, cfg.max_position_embeddings, cfg.rope_attention_scaling
         )
+        self.kernels: Any = None
+
+    def use_cpu_kernels(self, kernels: Any) -> None:
+        """Run norms, rotary and SiLU·mul on the compiled CPU kernels, and in float32 also every
+        linear layer (lm_head included) on weights packed once; the unpacked decoder weights
+        are released (a tied lm_head gets its own packed copy; the embedding keeps its table).
+        Call after the weights are loaded."""
+        self.kernels = kernels
+        for module in self.modules():
+            if isinstance(module, RMSNorm | LlamaMLP):
+                module.kernels = kernels
+        if self.embed_tokens.weight.dtype != torch.float32:
+            return
+        for parent in list(self.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, PackedLinear(child, kernels))
 
     def forward(
         self,
@@ -116,10 +150,13 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Return the final hidden states ``[num_tokens, hidden_size]`` (after the norm)."""
         x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary.lookup(positions, x.dtype)
+        rotary = self.rotary.for_step(positions, x.dtype, self.kernels)
+        residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache), meta in zip(self.layers, kv_caches, metas, strict=True):
-            x = layer(x, cos_sin, k_cache, v_cache, meta, backend)
-        return self.norm(x)
+            x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
+        if residual is None:
+            return self.norm(x)
+        return self.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -7,10 +7,12 @@ cd "$(dirname "$0")/../.."
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# System packages: prometheus + promtool (tests/observability), redis-server (control plane).
+# System packages: prometheus + promtool (tests/observability), redis-server (control plane),
+# a C++ compiler for the compiled CPU kernels (kernels/cpu; build-essential brings g++).
 missing=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v "${CXX:-c++}" >/dev/null || missing+=(build-essential)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -30,3 +32,8 @@ if ! python3 tests/ci/requirements.py --is-installed; then
     python3 -m pip install --quiet --no-deps -e .
     python3 tests/ci/requirements.py --mark-installed
 fi
+
+# The compiled CPU kernels, built once into the user's cache (~/.cache/pdserve/kernels, keyed by
+# sources, flags, ISA and torch version), so the suite's parallel workers and servers load them
+# instead of racing to compile. A no-op when they are already there.
+python3 -m kernels.cpu

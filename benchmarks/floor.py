@@ -1,0 +1,86 @@
+"""The workload's physical floor: the least time any engine could take on this machine.
+
+    prefill   every prompt token through every linear layer, causal attention within the
+              prompt, the lm_head for each request's first token: FLOPs at the measured peak
+              GEMM rate;
+    decode    steps = the longest request's output - 1 (every request decodes in the same
+              steps, as a continuous batch does). A step reads every weight once (decoder
+              layers + lm_head) and every running request's K/V once, and computes its rows;
+              its floor is the larger of bytes / read bandwidth and FLOPs / peak GEMM rate.
+
+The sum is a floor for an engine that does exactly this work and nothing else in fp32: it
+ignores that real steps mix prefill chunks with decodes, and all overheads. The compute
+roofline (FLOPs / peak) ignores the memory traffic instead; decode steps are bound by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.workloads import BenchRequest, ModelShape
+
+BYTES_PER_PARAM = 4  # fp32
+
+
+@dataclass(frozen=True)
+class Floor:
+    prefill_s: float
+    decode_weights_s: float  # the weight-streaming part of the decode steps
+    decode_kv_s: float  # the KV-reading part
+    decode_compute_extra_s: float  # where a step's FLOPs outlast its bytes
+    decode_steps: int
+    gemm_gflops: float
+    read_gbps: float
+
+    @property
+    def decode_s(self) -> float:
+        return self.decode_weights_s + self.decode_kv_s + self.decode_compute_extra_s
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+
+def kv_bytes_per_position(shape: ModelShape) -> int:
+    """K and V of one position, all layers."""
+    return 2 * shape.num_key_value_heads * shape.head_dim * shape.num_hidden_layers * 4
+
+
+def physical_floor(
+    requests: list[BenchRequest], shape: ModelShape, gemm_gflops: float, read_gbps: float
+) -> Floor:
+    peak, bw = gemm_gflops * 1e9, read_gbps * 1e9
+    linear_flops_per_token = 2.0 * shape.params_in_linear_layers
+    head_flops_per_token = 2.0 * shape.lm_head_params
+    attn_flops_per_key = 4.0 * shape.hidden_size * shape.num_hidden_layers
+
+    prefill_flops = 0.0
+    for r in requests:
+        n = len(r.prompt_token_ids)
+        prefill_flops += linear_flops_per_token * n + head_flops_per_token
+        prefill_flops += attn_flops_per_key * n * (n + 1) / 2
+
+    weight_bytes = BYTES_PER_PARAM * (shape.params_in_linear_layers + shape.lm_head_params)
+    kv_per_pos = kv_bytes_per_position(shape)
+    steps = max((r.max_tokens - 1 for r in requests), default=0)
+    weights_s = kv_s = extra_s = 0.0
+    for s in range(steps):
+        running = [r for r in requests if r.max_tokens - 1 > s]
+        # Decode step s feeds back token s of each running request, at position prompt + s.
+        keys = sum(len(r.prompt_token_ids) + s + 1 for r in running)
+        t_weights = weight_bytes / bw
+        t_kv = keys * kv_per_pos / bw
+        flops = (linear_flops_per_token + head_flops_per_token) * len(running)
+        flops += attn_flops_per_key * keys
+        weights_s += t_weights
+        kv_s += t_kv
+        extra_s += max(0.0, flops / peak - t_weights - t_kv)
+    return Floor(
+        prefill_s=prefill_flops / peak,
+        decode_weights_s=weights_s,
+        decode_kv_s=kv_s,
+        decode_compute_extra_s=extra_s,
+        decode_steps=steps,
+        gemm_gflops=gemm_gflops,
+        read_gbps=read_gbps,
+    )

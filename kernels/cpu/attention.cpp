@@ -1,0 +1,505 @@
+// Paged attention over the block-major KV pool, reading K/V blocks in place.
+//
+// Work item = (request, KV head, tile of the request's new tokens, slice of the query heads
+// that share the KV head). Its rows are tokens x query heads, so each K/V row is read once per
+// item and used by every query head of its group (GQA/MQA). Items walk their keys block by
+// block with an online softmax (running max m, running sum l, unnormalised output O) and are
+// spread over OpenMP threads, longest first, with dynamic scheduling.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "kernels.h"
+#include "vec.h"
+
+namespace pdcpu {
+namespace {
+
+constexpr int kMaxRows = 32;                      // rows (tokens x heads) per work item
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Item {
+  int seq, h0, h1, q0, q1, g0, g1;  // KV heads [h0, h1), new tokens [q0, q1), group slice
+  int64_t cost;
+  int kv_begin = 0;  // split-KV: this item sees only key positions [kv_begin, kv_end)
+  int kv_end = std::numeric_limits<int>::max();
+  int part = -1;  // split-KV: index of its partial result (-1: writes the output itself)
+};
+
+constexpr int kMinKeysPerPart = 256;
+
+// S[r * ld + j] = dot(Q[r], K[j]) for RB rows and 4 keys (rows of Q contiguous, K rows at
+// stride ks). D > 0 fixes the head size at compile time (loops unrolled); D == 0 reads d.
+template <int D, int RB>
+__attribute__((always_inline)) inline void dot_4keys(const float* Q, int d, const float* K0,
+                                                      const float* K1, const float* K2,
+                                                      const float* K3, float* S, int ld) {
+  const int dd = D > 0 ? D : d;
+  vf acc[RB][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[r][j] = vf{};
+  int c = 0;
+#pragma GCC unroll 16
+  for (; c + W <= dd; c += W) {
+    const vf k0 = load(K0 + c), k1 = load(K1 + c), k2 = load(K2 + c), k3 = load(K3 + c);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const vf qv = load(Q + r * dd + c);
+      acc[r][0] += qv * k0;
+      acc[r][1] += qv * k1;
+      acc[r][2] += qv * k2;
+      acc[r][3] += qv * k3;
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+    float* s = S + r * ld;
+    hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], s);
+    for (int t = c; t < dd; ++t) {
+      const float qv = Q[r * dd + t];
+      s[0] += qv * K0[t];
+      s[1] += qv * K1[t];
+      s[2] += qv * K2[t];
+      s[3] += qv * K3[t];
+    }
+  }
+}
+
+// Scores of `rows` rows against nk keys, in groups of 4 keys (a last partial group repeats the
+// last key; those columns are past nk and get masked). S's row stride ld >= nk rounded up to 4.
+template <int D>
+void scores(const float* Q, int rows, int d, const float* K, int64_t ks, int nk, float* S,
+            int ld) {
+  const int dd = D > 0 ? D : d;
+  for (int j = 0; j < nk; j += 4) {
+    const float* k0 = K + j * ks;
+    const float* k1 = K + std::min(j + 1, nk - 1) * ks;
+    const float* k2 = K + std::min(j + 2, nk - 1) * ks;
+    const float* k3 = K + std::min(j + 3, nk - 1) * ks;
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) dot_4keys<D, 2>(Q + r * dd, d, k0, k1, k2, k3, S + r * ld + j, ld);
+    if (r < rows) dot_4keys<D, 1>(Q + r * dd, d, k0, k1, k2, k3, S + r * ld + j, ld);
+  }
+}
+
+// O[r] += sum_j P[r, j] * V[j] for RB rows; V rows at stride vs.
+template <int D, int RB>
+__attribute__((always_inline)) inline void pv_rows(const float* P, int ld, int nk,
+                                                    const float* V, int64_t vs, float* O,
+                                                    int d) {
+  const int dd = D > 0 ? D : d;
+  int c = 0;
+#pragma GCC unroll 4
+  for (; c + 4 * W <= dd; c += 4 * W) {
+    vf acc[RB][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) acc[r][u] = load(O + r * dd + c + u * W);
+    for (int j = 0; j < nk; ++j) {
+      vf vv[4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) vv[u] = load(V + j * vs + c + u * W);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        const vf p = splat(P[r * ld + j]);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) acc[r][u] += p * vv[u];
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) store(O + r * dd + c + u * W, acc[r][u]);
+  }
+  for (; c + W <= dd; c += W) {
+    vf acc[RB];
+    for (int r = 0; r < RB; ++r) acc[r] = load(O + r * dd + c);
+    for (int j = 0; j < nk; ++j) {
+      const vf vv = load(V + j * vs + c);
+      for (int r = 0; r < RB; ++r) acc[r] += splat(P[r * ld + j]) * vv;
+    }
+    for (int r = 0; r < RB; ++r) store(O + r * dd + c, acc[r]);
+  }
+  for (; c < dd; ++c)
+    for (int r = 0; r < RB; ++r) {
+      float s = O[r * dd + c];
+      for (int j = 0; j < nk; ++j) s += P[r * ld + j] * V[j * vs + c];
+      O[r * dd + c] = s;
+    }
+}
+
+template <int D>
+void pv(const float* P, int ld, int rows, int nk, const float* V, int64_t vs, float* O, int d) {
+  const int dd = D > 0 ? D : d;
+  int r = 0;
+  for (; r + 2 <= rows; r += 2) pv_rows<D, 2>(P + r * ld, ld, nk, V, vs, O + r * dd, d);
+  if (r < rows) pv_rows<D, 1>(P + r * ld, ld, nk, V, vs, O + r * dd, d);
+}
+
+struct Scratch {
+  std::vector<float> q, o, s, k, v, m, l;
+  std::vector<int> lo, hi;
+  Scratch(int d, int ld, int block_size)
+      : q(kMaxRows * d),
+        o(kMaxRows * d),
+        s(kMaxRows * ld),
+        k(block_size * d),
+        v(block_size * d),
+        m(kMaxRows),
+        l(kMaxRows),
+        lo(kMaxRows),
+        hi(kMaxRows) {}
+};
+
+// Touch the first `bytes` bytes of `n` rows, `stride` elements apart.
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t stride, int n, int bytes) {
+  for (int j = 0; j < n; ++j) {
+    const char* row = reinterpret_cast<const char*>(p + j * stride);
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  }
+}
+
+// Rows [0, nk) of a K or V block as float: in place for float32, converted otherwise.
+template <typename T>
+inline const float* block_rows(const T* src, int64_t stride, int nk, int d, float* buf,
+                               int64_t* out_stride) {
+  if constexpr (std::is_same_v<T, float>) {
+    *out_stride = stride;
+    return src;
+  } else {
+    for (int j = 0; j < nk; ++j) row_to_float(src + j * stride, buf + j * d, d);
+    *out_stride = d;
+    return buf;
+  }
+}
+
+// Folds one block's scores (rows x nk, in S) into the running softmax: masks keys a row must
+// not see, turns scores into exp(s - m) in place, rescales O where the running max grew.
+inline void online_softmax(float* S, int ld, int rows, int nk, int t0, bool all_visible,
+                           Scratch& sc, int row0, float* O, int d) {
+  const int nk_pad = (nk + W - 1) / W * W;
+  for (int r = 0; r < rows; ++r) {
+    const int rr = row0 + r;
+    float* sr = S + r * ld;
+    if (!all_visible)
+      for (int j = 0; j < nk; ++j)
+        if (t0 + j < sc.lo[rr] || t0 + j >= sc.hi[rr]) sr[j] = kNegInf;
+    for (int j = nk; j < nk_pad; ++j) sr[j] = kNegInf;
+    vf mx = splat(kNegInf);
+    for (int j = 0; j < nk_pad; j += W) mx = vmax(mx, load(sr + j));
+    const float block_max = hmax(mx);
+    if (block_max == kNegInf) {  // no visible key for this row in this block
+      std::fill(sr, sr + nk_pad, 0.0f);
+      continue;
+    }
+    const float m_new = std::max(sc.m[rr], block_max);
+    const float corr = std::exp(sc.m[rr] - m_new);  // exp(-inf) = 0 on the first block
+    vf sum = vf{};
+    const vf mv = splat(m_new);
+    for (int j = 0; j < nk_pad; j += W) {
+      const vf p = vexp(load(sr + j) - mv);
+      store(sr + j, p);
+      sum += p;
+    }
+    sc.l[rr] = sc.l[rr] * corr + hsum(sum);
+    sc.m[rr] = m_new;
+    if (corr != 1.0f) {
+      float* orow = O + r * d;
+      for (int c = 0; c < d; ++c) orow[c] *= corr;
+    }
+  }
+}
+
+// One work item: rows = KV heads [h0, h1) x tokens [q0, q1) x query heads [g0, g1) of each
+// group. Per block, every KV head's slice is read once (a block's K or V for all the item's
+// heads is one contiguous span when the item covers every head).
+// Writes rows' O / l to the output (row order as in run_item).
+template <typename T>
+void write_rows(const PagedAttentionArgs& a, const Item& it, const float* O, const float* l,
+                int d) {
+  const int group = a.num_heads / a.num_kv_heads;
+  const int q_start = a.query_start_loc[it.seq];
+  const int heads = it.g1 - it.g0, per_head = (it.q1 - it.q0) * heads;
+  T* out = static_cast<T*>(a.out);
+  for (int h = it.h0; h < it.h1; ++h)
+    for (int t = it.q0; t < it.q1; ++t)
+      for (int g = it.g0; g < it.g1; ++g) {
+        const int r = (h - it.h0) * per_head + (t - it.q0) * heads + (g - it.g0);
+        T* dst = out + (q_start + t) * a.out_stride_token + (h * group + g) * a.out_stride_head;
+        const float inv = 1.0f / l[r];
+        for (int c = 0; c < d; ++c) dst[c] = from_float<T>(O[r * d + c] * inv);
+      }
+}
+
+template <typename T, int D>
+void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, float* partial) {
+  const int d = D > 0 ? D : a.head_dim, bs = a.block_size;
+  const int group = a.num_heads / a.num_kv_heads;
+  const int q_start = a.query_start_loc[it.seq];
+  const int q_len = a.query_start_loc[it.seq + 1] - q_start;
+  const int ctx = a.seq_lens[it.seq] - q_len;
+  const int heads = it.g1 - it.g0;
+  const int per_head = (it.q1 - it.q0) * heads;  // rows per KV head
+  const int rows = per_head * (it.h1 - it.h0);
+  const T* q = static_cast<const T*>(a.q);
+  float* Q = sc.q.data();
+  float* O = sc.o.data();
+  float* S = sc.s.data();
+  int row_lo_max = 0, row_hi_min = std::numeric_limits<int>::max();
+  for (int h = it.h0; h < it.h1; ++h)
+    for (int t = it.q0; t < it.q1; ++t) {
+      const int pos = ctx + t;
+      for (int g = it.g0; g < it.g1; ++g) {
+        const int r = (h - it.h0) * per_head + (t - it.q0) * heads + (g - it.g0);
+        const T* src = q + (q_start + t) * a.q_stride_token + (h * group + g) * a.q_stride_head;
+        for (int c = 0; c < d; ++c) Q[r * d + c] = to_float(src[c]) * a.scale;
+        sc.lo[r] = a.sliding_window > 0 ? std::max(0, pos - a.sliding_window + 1) : 0;
+        sc.hi[r] = pos + 1;
+        row_lo_max = std::max(row_lo_max, sc.lo[r]);
+        row_hi_min = std::min(row_hi_min, sc.hi[r]);
+        sc.m[r] = kNegInf;
+        sc.l[r] = 0.0f;
+      }
+    }
+  std::fill(O, O + rows * d, 0.0f);
+
+  const int kv_hi = std::min(ctx + it.q1, it.kv_end);
+  int kv_lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+  kv_lo = std::max(kv_lo, it.kv_begin);
+  const int32_t* table = a.block_tables + it.seq * a.block_table_stride;
+  const T* kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
+  const T* vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
+  // Bytes of a token's slot the item reads: its heads' rows (contiguous in the pool layout).
+  const int span = static_cast<int>(((it.h1 - it.h0 - 1) * a.k_stride_head + d) * sizeof(T));
+  const int first_block = kv_lo / bs, last_block = kv_hi > kv_lo ? (kv_hi - 1) / bs : -1;
+  for (int b = first_block; b <= last_block; ++b) {
+    const int t0 = std::max(b * bs, kv_lo), t1 = std::min((b + 1) * bs, kv_hi);
+    const int nk = t1 - t0;
+    const int64_t block = table[b];
+    const T* kb = kc + block * a.k_stride_block + (t0 - b * bs) * a.k_stride_slot;
+    const T* vb = vc + block * a.v_stride_block + (t0 - b * bs) * a.v_stride_slot;
+    if (b < last_block) {
+      const int64_t next = table[b + 1];
+      const int nn = std::min(bs, kv_hi - (b + 1) * bs);
+      prefetch_rows(kc + next * a.k_stride_block, a.k_stride_slot, nn, span);
+      prefetch_rows(vc + next * a.v_stride_block, a.v_stride_slot, nn, span);
+    }
+    const bool all_visible = t0 >= row_lo_max && t1 <= row_hi_min;
+    for (int h = 0; h < it.h1 - it.h0; ++h) {
+      int64_t ks, vs;
+      const int row0 = h * per_head;
+      float* Oh = O + row0 * d;
+      const float* K = block_rows(kb + h * a.k_stride_head, a.k_stride_slot, nk, d, sc.k.data(),
+                                  &ks);
+      scores<D>(Q + row0 * d, per_head, d, K, ks, nk, S, ld);
+      online_softmax(S, ld, per_head, nk, t0, all_visible, sc, row0, Oh, d);
+      const float* V = block_rows(vb + h * a.v_stride_head, a.v_stride_slot, nk, d, sc.v.data(),
+                                  &vs);
+      pv<D>(S, ld, per_head, nk, V, vs, Oh, d);
+    }
+  }
+
+  if (partial == nullptr) return write_rows<T>(a, it, O, sc.l.data(), d);
+  // Split-KV part: unnormalised rows, then each row's running max and sum.
+  std::memcpy(partial, O, sizeof(float) * rows * d);
+  std::memcpy(partial + rows * d, sc.m.data(), sizeof(float) * rows);
+  std::memcpy(partial + rows * d + rows, sc.l.data(), sizeof(float) * rows);
+}
+
+// Work items, longest first. A request whose new rows for all heads fit one item (decode, short
+// chunks) gets one item over every KV head, so each block is read as one contiguous span; when
+// that leaves too few items to keep the threads busy, or for longer chunks, items are per KV
+// head (and per slice of query heads when a group alone exceeds kMaxRows).
+std::vector<Item> plan(const PagedAttentionArgs& a) {
+  const int group = a.num_heads / a.num_kv_heads;
+  const int heads_per_item = std::min(group, kMaxRows);
+  const int tokens_per_item = std::max(1, kMaxRows / heads_per_item);
+  int whole = 0;  // requests that fit one all-heads item
+  for (int s = 0; s < a.num_seqs; ++s) {
+    const int q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
+    if (q_len > 0 && q_len * a.num_heads <= kMaxRows) ++whole;
+  }
+  const bool group_heads = whole >= 4 * std::max(1, a.num_threads);
+  std::vector<Item> items;
+  for (int s = 0; s < a.num_seqs; ++s) {
+    const int q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
+    const int ctx = a.seq_lens[s] - q_len;
+    if (q_len == 0) continue;
+    if (group_heads && q_len * a.num_heads <= kMaxRows) {
+      int keys = ctx + q_len;
+      if (a.sliding_window > 0) keys = std::min(keys, a.sliding_window + q_len);
+      const int64_t cost = static_cast<int64_t>(keys + 8) * q_len * a.num_heads;
+      items.push_back(Item{s, 0, a.num_kv_heads, 0, q_len, 0, group, cost});
+      continue;
+    }
+    for (int q0 = 0; q0 < q_len; q0 += tokens_per_item) {
+      const int q1 = std::min(q_len, q0 + tokens_per_item);
+      int keys = ctx + q1;
+      if (a.sliding_window > 0) keys = std::min(keys, a.sliding_window + (q1 - q0));
+      for (int h = 0; h < a.num_kv_heads; ++h)
+        for (int g0 = 0; g0 < group; g0 += heads_per_item) {
+          const int g1 = std::min(group, g0 + heads_per_item);
+          const int64_t cost = static_cast<int64_t>(keys + 8) * (q1 - q0) * (g1 - g0);
+          items.push_back(Item{s, h, h + 1, q0, q1, g0, g1, cost});
+        }
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  return items;
+}
+
+// Split-KV (flash-decoding): with fewer items than twice the threads (a few long requests),
+// an item's keys are cut into block-aligned parts of at least kMinKeysPerPart keys that run as
+// items of their own; merge_parts() folds their partial results together.
+int split_items(const PagedAttentionArgs& a, std::vector<Item>& items) {
+  const int threads = std::max(1, a.num_threads);
+  const int n = static_cast<int>(items.size());
+  if (n == 0 || n >= 2 * threads) return 0;
+  const int want = (2 * threads + n - 1) / n;
+  std::vector<Item> split;
+  int parts = 0;
+  for (const Item& it : items) {
+    const int q_len = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
+    const int ctx = a.seq_lens[it.seq] - q_len;
+    const int hi = ctx + it.q1;
+    const int lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+    const int k = std::min(want, (hi - lo) / kMinKeysPerPart);
+    if (k < 2) {
+      split.push_back(it);
+      continue;
+    }
+    const int step = ((hi - lo + k - 1) / k + a.block_size - 1) / a.block_size * a.block_size;
+    for (int begin = lo / a.block_size * a.block_size; begin < hi; begin += step) {
+      Item part = it;
+      part.kv_begin = std::max(begin, lo);
+      part.kv_end = std::min(begin + step, hi);
+      part.cost = it.cost * (part.kv_end - part.kv_begin) / std::max(1, hi - lo);
+      part.part = parts++;
+      split.push_back(part);
+    }
+  }
+  if (parts > 0) items.swap(split);
+  return parts;
+}
+
+// Combines the parts of each split item (consecutive in `items`, same request and rows):
+// m = max m_i, l = sum l_i e^(m_i - m), O = sum O_i e^(m_i - m); then writes O / l.
+template <typename T>
+void merge_parts(const PagedAttentionArgs& a, const std::vector<Item>& items,
+                 const std::vector<float>& partial, int stride) {
+  const int d = a.head_dim;
+  std::vector<float> O, m, l;
+  for (size_t i = 0; i < items.size();) {
+    const Item& first = items[i];
+    if (first.part < 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < items.size() && items[j].part >= 0 && items[j].seq == first.seq &&
+           items[j].h0 == first.h0 && items[j].q0 == first.q0 && items[j].g0 == first.g0)
+      ++j;
+    const int rows = (first.q1 - first.q0) * (first.g1 - first.g0) * (first.h1 - first.h0);
+    O.assign(rows * d, 0.0f);
+    m.assign(rows, kNegInf);
+    l.assign(rows, 0.0f);
+    for (size_t p = i; p < j; ++p) {
+      const float* part = partial.data() + items[p].part * stride;
+      for (int r = 0; r < rows; ++r) m[r] = std::max(m[r], part[rows * d + r]);
+    }
+    for (size_t p = i; p < j; ++p) {
+      const float* part = partial.data() + items[p].part * stride;
+      for (int r = 0; r < rows; ++r) {
+        const float pm = part[rows * d + r];
+        if (pm == kNegInf) continue;  // this part had no key the row may see
+        const float w = std::exp(pm - m[r]);
+        l[r] += part[rows * d + rows + r] * w;
+        for (int c = 0; c < d; ++c) O[r * d + c] += part[r * d + c] * w;
+      }
+    }
+    write_rows<T>(a, first, O.data(), l.data(), d);
+    i = j;
+  }
+}
+
+template <typename T, int D>
+void paged_attention_impl(const PagedAttentionArgs& a) {
+  std::vector<Item> items = plan(a);
+  const int parts = split_items(a, items);
+  const int stride = kMaxRows * (a.head_dim + 2);  // one part's O, m and l
+  std::vector<float> partial(static_cast<size_t>(parts) * stride);
+  const int n = static_cast<int>(items.size());
+  // Score rows: the block's keys rounded up to whole vectors and to groups of 4 keys.
+  const int ld = (a.block_size + std::max(W, 4) - 1) / std::max(W, 4) * std::max(W, 4);
+  const int threads = std::max(1, std::min(a.num_threads, n));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    Scratch sc(a.head_dim, ld, a.block_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n; ++i) {
+      const Item& it = items[i];
+      run_item<T, D>(a, it, sc, ld, it.part < 0 ? nullptr : partial.data() + it.part * stride);
+    }
+  }
+  if (parts > 0) merge_parts<T>(a, items, partial, stride);
+}
+
+// Head sizes with their own unrolled instantiation; any other runs the generic one.
+template <typename T>
+void paged_attention_dispatch(const PagedAttentionArgs& a) {
+  switch (a.head_dim) {
+    case 64: return paged_attention_impl<T, 64>(a);
+    case 128: return paged_attention_impl<T, 128>(a);
+    default: return paged_attention_impl<T, 0>(a);
+  }
+}
+
+template <typename T>
+void store_kv_impl(const StoreKVArgs& a) {
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  T* kc = static_cast<T*>(a.k_cache);
+  T* vc = static_cast<T*>(a.v_cache);
+  const int threads = a.num_tokens >= 64 ? a.num_threads : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int t = 0; t < a.num_tokens; ++t) {
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / a.block_size, off = slot % a.block_size;
+    for (int h = 0; h < a.num_kv_heads; ++h) {
+      std::memcpy(kc + block * a.kc_stride_block + off * a.kc_stride_slot + h * a.kc_stride_head,
+                  k + t * a.k_stride_token + h * a.k_stride_head, a.head_dim * sizeof(T));
+      std::memcpy(vc + block * a.vc_stride_block + off * a.vc_stride_slot + h * a.vc_stride_head,
+                  v + t * a.v_stride_token + h * a.v_stride_head, a.head_dim * sizeof(T));
+    }
+  }
+}
+
+}  // namespace
+
+void paged_attention(const PagedAttentionArgs& a, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return paged_attention_dispatch<float>(a);
+    case DType::kBFloat16: return paged_attention_dispatch<bf16>(a);
+    case DType::kFloat16: return paged_attention_dispatch<fp16>(a);
+  }
+}
+
+void store_kv(const StoreKVArgs& a, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return store_kv_impl<float>(a);
+    case DType::kBFloat16: return store_kv_impl<bf16>(a);
+    case DType::kFloat16: return store_kv_impl<fp16>(a);
+  }
+}
+
+}  // namespace pdcpu

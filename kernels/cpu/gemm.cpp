@@ -1,0 +1,147 @@
+// Linear layers (y = x @ W^T + b, float32) on weights packed once into column panels:
+//
+//     packed[p, k, c] = W[p * NB + c, k]      (NB = 2 vectors; rows past N are zero)
+//
+// so a panel is one contiguous stream of K x NB floats. The micro-kernel keeps an MR x NB block
+// of y in registers and, for every k, multiplies one broadcast x value per row with the
+// panel's two vectors. Threads own contiguous ranges of panels: at decode sizes (a few dozen
+// rows) every weight byte is read from memory exactly once per call, which is what bounds a
+// decode step; at prefill sizes the same loop nest, blocked over rows and K, runs from cache.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "kernels.h"
+#include "vec.h"
+
+namespace pdcpu {
+namespace {
+
+constexpr int NB = 2 * W;
+constexpr int MR = kNumVecRegs >= 32 ? 12 : 6;  // accumulators: 2 * MR vectors
+constexpr int kMaxKC = 768;                     // K block: a panel slice of kc x NB floats
+constexpr int kMC = 192;                        // row block at prefill sizes (multiple of MR)
+
+// y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
+// of accumulating; only the first `nvalid` columns are stored.
+template <int R>
+void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float* y,
+                  int64_t ldy, int nvalid, bool init, const float* bias) {
+  vf c0[R], c1[R];
+  if (init) {
+    vf b0 = vf{}, b1 = vf{};
+    if (bias != nullptr) {
+      float tmp[NB] = {};
+      std::memcpy(tmp, bias, nvalid * sizeof(float));
+      b0 = load(tmp);
+      b1 = load(tmp + W);
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) c0[r] = b0, c1[r] = b1;
+  } else if (nvalid == NB) {
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) c0[r] = load(y + r * ldy), c1[r] = load(y + r * ldy + W);
+  } else {
+    for (int r = 0; r < R; ++r) {
+      float tmp[NB] = {};
+      std::memcpy(tmp, y + r * ldy, nvalid * sizeof(float));
+      c0[r] = load(tmp);
+      c1[r] = load(tmp + W);
+    }
+  }
+  for (int k = 0; k < kc; ++k) {
+    const vf w0 = load(panel + k * NB);
+    const vf w1 = load(panel + k * NB + W);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const vf xv = splat(x[r * ldx + k]);
+      c0[r] += xv * w0;
+      c1[r] += xv * w1;
+    }
+  }
+  if (nvalid == NB) {
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) store(y + r * ldy, c0[r]), store(y + r * ldy + W, c1[r]);
+  } else {
+    for (int r = 0; r < R; ++r) {
+      float tmp[NB];
+      store(tmp, c0[r]);
+      store(tmp + W, c1[r]);
+      std::memcpy(y + r * ldy, tmp, nvalid * sizeof(float));
+    }
+  }
+}
+
+using MicroKernel = void (*)(const float*, int64_t, const float*, int, float*, int64_t, int, bool,
+                             const float*);
+
+template <int... Rs>
+struct KernelTable {
+  static constexpr MicroKernel table[] = {nullptr, &micro_kernel<Rs>...};
+};
+
+template <int... Is>
+constexpr auto make_table(std::integer_sequence<int, Is...>) {
+  return KernelTable<(Is + 1)...>{};
+}
+
+const MicroKernel* kernels_by_rows() {
+  static constexpr auto t = make_table(std::make_integer_sequence<int, MR>{});
+  return t.table;
+}
+
+}  // namespace
+
+int linear_panel_width() { return NB; }
+
+void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float* packed,
+                        int num_threads) {
+  const int64_t panels = (n + NB - 1) / NB;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t p = 0; p < panels; ++p) {
+    float* dst = packed + p * k * NB;
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int c = 0; c < NB; ++c) {
+        const int64_t row = p * NB + c;
+        dst[kk * NB + c] = row < n ? w[row * ldw + kk] : 0.0f;
+      }
+  }
+}
+
+void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
+                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
+  const int64_t panels = (n + NB - 1) / NB;
+  const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
+  const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
+  const int64_t mc_size = m <= 2 * kMC ? m : kMC;
+  const MicroKernel* kernels = kernels_by_rows();
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
+  // Panels go out in chunks, dynamically: on a shared machine a thread that loses its core
+  // for a while takes fewer chunks instead of holding everyone at the end of the call.
+  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
+  const int64_t num_chunks = (panels + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 1)
+  for (int64_t ch = 0; ch < num_chunks; ++ch) {
+    const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
+    for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
+      const int64_t m1 = std::min(m, m0 + mc_size);
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        const int nvalid = static_cast<int>(std::min<int64_t>(NB, n - p * NB));
+        const float* b = bias != nullptr ? bias + p * NB : nullptr;
+        for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
+          const int kc = static_cast<int>(std::min(kc_size, k - k0));
+          const float* panel = packed + p * k * NB + k0 * NB;
+          for (int64_t r = m0; r < m1; r += MR) {
+            const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+            kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + r * ldy + p * NB, ldy, nvalid,
+                          k0 == 0, b);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace pdcpu

@@ -1,0 +1,78 @@
+// The raw CPU kernels behind kernels/cpu/ops.cpp: plain pointers and strides (in elements),
+// no torch headers, so these files compile in about a second each. Every kernel runs its
+// OpenMP region on `num_threads` threads (torch's intra-op thread count).
+#pragma once
+
+#include <cstdint>
+
+namespace pdcpu {
+
+enum class DType { kFloat32, kBFloat16, kFloat16 };
+
+// ---- attention.cpp --------------------------------------------------------------------------
+struct PagedAttentionArgs {
+  const void* q;  // [num_tokens, num_heads, head_dim]
+  int64_t q_stride_token, q_stride_head;
+  const void* k_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  int64_t k_stride_block, k_stride_slot, k_stride_head;
+  const void* v_cache;
+  int64_t v_stride_block, v_stride_slot, v_stride_head;
+  void* out;  // [num_tokens, num_heads, head_dim]
+  int64_t out_stride_token, out_stride_head;
+  const int32_t* block_tables;  // [num_seqs, block_table_stride]
+  int64_t block_table_stride;
+  const int32_t* query_start_loc;  // [num_seqs + 1]
+  const int32_t* seq_lens;         // [num_seqs]
+  int num_seqs, num_heads, num_kv_heads, head_dim, block_size;
+  float scale;
+  int sliding_window;  // <= 0: full causal attention
+  int num_threads;
+};
+
+// Causal attention of every request's new rows over its cached positions, reading K/V blocks
+// in place (the new rows' K/V must be stored first).
+void paged_attention(const PagedAttentionArgs& a, DType dtype);
+
+struct StoreKVArgs {
+  const void* k;  // [num_tokens, num_kv_heads, head_dim]
+  int64_t k_stride_token, k_stride_head;
+  const void* v;
+  int64_t v_stride_token, v_stride_head;
+  void* k_cache;
+  int64_t kc_stride_block, kc_stride_slot, kc_stride_head;
+  void* v_cache;
+  int64_t vc_stride_block, vc_stride_slot, vc_stride_head;
+  const int64_t* slot_mapping;  // [num_tokens], -1 = skip
+  int num_tokens, num_kv_heads, head_dim, block_size;
+  int num_threads;
+};
+
+void store_kv(const StoreKVArgs& a, DType dtype);
+
+// ---- gemm.cpp (float32) ---------------------------------------------------------------------
+// Columns per packed panel: the weight [N, K] is stored as [ceil(N / nb), K, nb].
+int linear_panel_width();
+void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float* packed,
+                        int num_threads);
+// y[M, N] = x[M, K] @ W^T (+ bias), W packed by pack_linear_weight.
+void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
+                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads);
+
+// ---- elementwise.cpp ------------------------------------------------------------------------
+// out = weight * (x / sqrt(mean(x^2) + eps)), computed in float32 (HF's RMSNorm); when
+// `residual` is given, first residual += x and the sum is normalised.
+void rms_norm(const void* x, int64_t x_stride, void* residual, int64_t res_stride,
+              const void* weight, void* out, int64_t out_stride, int64_t rows, int64_t dim,
+              float eps, DType dtype, int num_threads);
+
+// In place, HF's rotate_half convention: x = x * cos + rotate_half(x) * sin, with cos/sin rows
+// (float32, [max_positions, rot_dim]) picked by each token's position.
+void rotary(void* x, int64_t rows, int64_t heads, int64_t stride_row, int64_t stride_head,
+            int64_t head_dim, const float* cos, const float* sin, int64_t table_stride,
+            const int64_t* positions, DType dtype, int num_threads);
+
+// out[r, :] = silu(gate_up[r, :inter]) * gate_up[r, inter:].
+void silu_mul(const void* gate_up, int64_t in_stride, void* out, int64_t out_stride,
+              int64_t rows, int64_t inter, DType dtype, int num_threads);
+
+}  // namespace pdcpu

@@ -1,0 +1,262 @@
+// torch operators over the raw kernels (namespace torch.ops.pdserve_cpu): argument checks,
+// strides, dtype dispatch. Built without pybind (only torch/library.h), loaded with
+// torch.ops.load_library by kernels/cpu_ops.py.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "kernels.h"
+
+namespace {
+
+using at::Tensor;
+
+pdcpu::DType dtype_of(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return pdcpu::DType::kFloat32;
+    case at::kBFloat16: return pdcpu::DType::kBFloat16;
+    case at::kHalf: return pdcpu::DType::kFloat16;
+    default: TORCH_CHECK(false, "pdserve_cpu: unsupported dtype ", t.scalar_type());
+  }
+}
+
+void check_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), "pdserve_cpu: ", name, " must be a CPU tensor");
+}
+
+void check_last_contiguous(const Tensor& t, const char* name) {
+  check_cpu(t, name);
+  TORCH_CHECK(t.stride(-1) == 1, "pdserve_cpu: ", name, "'s last dimension must be contiguous");
+}
+
+void check_int32_contiguous(const Tensor& t, const char* name) {
+  check_cpu(t, name);
+  TORCH_CHECK(t.scalar_type() == at::kInt && t.is_contiguous(), "pdserve_cpu: ", name,
+              " must be a contiguous int32 tensor");
+}
+
+void paged_attention(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& block_tables, const Tensor& query_start_loc,
+                     const Tensor& seq_lens, double scale, int64_t sliding_window) {
+  TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
+              "pdserve_cpu.paged_attention: q/out [tokens, heads, dim], caches "
+              "[blocks, block_size, kv_heads, dim]");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k_cache, &v_cache}) check_last_contiguous(*t, "q/k/v/out");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+                  q.scalar_type() == v_cache.scalar_type() &&
+                  q.scalar_type() == out.scalar_type(),
+              "pdserve_cpu.paged_attention: q, caches and out must share a dtype");
+  TORCH_CHECK(out.sizes() == q.sizes(), "pdserve_cpu.paged_attention: out must match q");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "pdserve_cpu.paged_attention: k/v caches differ");
+  check_int32_contiguous(block_tables, "block_tables");
+  check_int32_contiguous(query_start_loc, "query_start_loc");
+  check_int32_contiguous(seq_lens, "seq_lens");
+  const int64_t num_seqs = seq_lens.size(0);
+  TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.dim() == 2 &&
+                  block_tables.size(0) >= num_seqs,
+              "pdserve_cpu.paged_attention: metadata sizes disagree");
+  const int64_t heads = q.size(1), kv_heads = k_cache.size(2), dim = q.size(2);
+  TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0,
+              "pdserve_cpu.paged_attention: head_dim or head counts disagree");
+  pdcpu::PagedAttentionArgs a{};
+  a.q = q.data_ptr();
+  a.q_stride_token = q.stride(0);
+  a.q_stride_head = q.stride(1);
+  a.k_cache = k_cache.data_ptr();
+  a.k_stride_block = k_cache.stride(0);
+  a.k_stride_slot = k_cache.stride(1);
+  a.k_stride_head = k_cache.stride(2);
+  a.v_cache = v_cache.data_ptr();
+  a.v_stride_block = v_cache.stride(0);
+  a.v_stride_slot = v_cache.stride(1);
+  a.v_stride_head = v_cache.stride(2);
+  a.out = out.data_ptr();
+  a.out_stride_token = out.stride(0);
+  a.out_stride_head = out.stride(1);
+  a.block_tables = block_tables.data_ptr<int32_t>();
+  a.block_table_stride = block_tables.size(1);
+  a.query_start_loc = query_start_loc.data_ptr<int32_t>();
+  a.seq_lens = seq_lens.data_ptr<int32_t>();
+  a.num_seqs = static_cast<int>(num_seqs);
+  a.num_heads = static_cast<int>(heads);
+  a.num_kv_heads = static_cast<int>(kv_heads);
+  a.head_dim = static_cast<int>(dim);
+  a.block_size = static_cast<int>(k_cache.size(1));
+  a.scale = static_cast<float>(scale);
+  a.sliding_window = static_cast<int>(sliding_window);
+  a.num_threads = at::get_num_threads();
+  pdcpu::paged_attention(a, dtype_of(q));
+}
+
+void store_kv(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+              const Tensor& slot_mapping) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &k_cache, &v_cache}) check_last_contiguous(*t, "k/v/caches");
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k_cache.dim() == 4 &&
+                  v_cache.sizes() == k_cache.sizes() && k.size(1) == k_cache.size(2) &&
+                  k.size(2) == k_cache.size(3),
+              "pdserve_cpu.store_kv: k/v [tokens, kv_heads, dim], caches "
+              "[blocks, block_size, kv_heads, dim]");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == k.scalar_type() &&
+                  v_cache.scalar_type() == k.scalar_type(),
+              "pdserve_cpu.store_kv: dtypes differ");
+  check_cpu(slot_mapping, "slot_mapping");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                  slot_mapping.size(0) == k.size(0),
+              "pdserve_cpu.store_kv: slot_mapping must be contiguous int64 [tokens]");
+  pdcpu::StoreKVArgs a{};
+  a.k = k.data_ptr();
+  a.k_stride_token = k.stride(0);
+  a.k_stride_head = k.stride(1);
+  a.v = v.data_ptr();
+  a.v_stride_token = v.stride(0);
+  a.v_stride_head = v.stride(1);
+  a.k_cache = k_cache.data_ptr();
+  a.kc_stride_block = k_cache.stride(0);
+  a.kc_stride_slot = k_cache.stride(1);
+  a.kc_stride_head = k_cache.stride(2);
+  a.v_cache = v_cache.data_ptr();
+  a.vc_stride_block = v_cache.stride(0);
+  a.vc_stride_slot = v_cache.stride(1);
+  a.vc_stride_head = v_cache.stride(2);
+  a.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  a.num_tokens = static_cast<int>(k.size(0));
+  a.num_kv_heads = static_cast<int>(k.size(1));
+  a.head_dim = static_cast<int>(k.size(2));
+  a.block_size = static_cast<int>(k_cache.size(1));
+  a.num_threads = at::get_num_threads();
+  pdcpu::store_kv(a, dtype_of(k));
+}
+
+Tensor pack_linear_weight(const Tensor& w) {
+  check_last_contiguous(w, "weight");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat,
+              "pdserve_cpu.pack_linear_weight: weight must be float32 [out, in]");
+  const int64_t n = w.size(0), k = w.size(1), nb = pdcpu::linear_panel_width();
+  Tensor packed = at::empty({(n + nb - 1) / nb, k, nb}, w.options());
+  pdcpu::pack_linear_weight(w.data_ptr<float>(), n, k, w.stride(0), packed.data_ptr<float>(),
+                            at::get_num_threads());
+  return packed;
+}
+
+Tensor linear(const Tensor& x, const Tensor& packed, int64_t out_features,
+              const std::optional<Tensor>& bias) {
+  check_last_contiguous(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.is_contiguous() &&
+                  packed.dim() == 3 && packed.size(1) == x.size(1) &&
+                  packed.size(2) == pdcpu::linear_panel_width() &&
+                  packed.size(0) * packed.size(2) >= out_features &&
+                  packed.size(0) * packed.size(2) < out_features + packed.size(2),
+              "pdserve_cpu.linear: x must be float32 [rows, in] and packed [panels, in, ",
+              pdcpu::linear_panel_width(), "] for ", out_features, " outputs");
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
+                    bias->scalar_type() == at::kFloat,
+                "pdserve_cpu.linear: bias must be float32 [out]");
+    b = bias->data_ptr<float>();
+  }
+  Tensor y = at::empty({x.size(0), out_features}, x.options());
+  pdcpu::linear_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                       packed.data_ptr<float>(), out_features, b, y.data_ptr<float>(),
+                       out_features, at::get_num_threads());
+  return y;
+}
+
+void check_norm_args(const Tensor& x, const Tensor& weight) {
+  check_last_contiguous(x, "x");
+  TORCH_CHECK(x.dim() == 2 && weight.is_contiguous() && weight.dim() == 1 &&
+                  weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "pdserve_cpu.rms_norm: x [rows, dim] and weight [dim] of one dtype");
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  check_norm_args(x, weight);
+  Tensor out = at::empty(x.sizes(), x.options());
+  pdcpu::rms_norm(x.data_ptr(), x.stride(0), nullptr, 0, weight.data_ptr(), out.data_ptr(),
+                  out.stride(0), x.size(0), x.size(1), static_cast<float>(eps), dtype_of(x),
+                  at::get_num_threads());
+  return out;
+}
+
+Tensor add_rms_norm(Tensor residual, const Tensor& x, const Tensor& weight, double eps) {
+  check_norm_args(x, weight);
+  check_last_contiguous(residual, "residual");
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "pdserve_cpu.add_rms_norm: residual must match x");
+  Tensor out = at::empty(x.sizes(), x.options());
+  pdcpu::rms_norm(x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0),
+                  weight.data_ptr(), out.data_ptr(), out.stride(0), x.size(0), x.size(1),
+                  static_cast<float>(eps), dtype_of(x), at::get_num_threads());
+  return out;
+}
+
+void rotary_one(Tensor x, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
+  check_last_contiguous(x, "q/k");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && x.size(2) == cos.size(1),
+              "pdserve_cpu.rotary: q/k [tokens, heads, dim] with dim = the table's width");
+  pdcpu::rotary(x.data_ptr(), x.size(0), x.size(1), x.stride(0), x.stride(1), x.size(2),
+                cos.data_ptr<float>(), sin.data_ptr<float>(), cos.stride(0),
+                positions.data_ptr<int64_t>(), dtype_of(x), at::get_num_threads());
+}
+
+void rotary_(Tensor q, Tensor k, const Tensor& cos, const Tensor& sin, const Tensor& positions) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() &&
+                  cos.dim() == 2,
+              "pdserve_cpu.rotary: cos/sin must be contiguous float32 [positions, dim]");
+  check_cpu(positions, "positions");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
+                  positions.size(0) == q.size(0) && k.size(0) == q.size(0),
+              "pdserve_cpu.rotary: positions must be contiguous int64 [tokens]");
+  rotary_one(q, cos, sin, positions);
+  rotary_one(k, cos, sin, positions);
+}
+
+Tensor silu_mul(const Tensor& gate_up) {
+  check_last_contiguous(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
+              "pdserve_cpu.silu_mul: gate_up must be [rows, 2 * inter]");
+  const int64_t inter = gate_up.size(1) / 2;
+  Tensor out = at::empty({gate_up.size(0), inter}, gate_up.options());
+  pdcpu::silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0),
+                  gate_up.size(0), inter, dtype_of(gate_up), at::get_num_threads());
+  return out;
+}
+
+std::string isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "default";
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pdserve_cpu, m) {
+  m.def(
+      "paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, "
+      "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale, "
+      "int sliding_window) -> ()",
+      &paged_attention);
+  m.def(
+      "store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor slot_mapping) -> ()",
+      &store_kv);
+  m.def("pack_linear_weight(Tensor weight) -> Tensor", &pack_linear_weight);
+  m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor",
+        &add_rms_norm);
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor positions) -> ()",
+        &rotary_);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("isa() -> str", &isa);
+}

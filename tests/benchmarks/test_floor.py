@@ -1,0 +1,35 @@
+"""The physical floor of a workload (benchmarks/floor.py), computed by hand for a tiny one."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.floor import kv_bytes_per_position, physical_floor
+from benchmarks.workloads import BenchRequest, model_shape
+
+
+def test_floor_by_hand() -> None:
+    shape = model_shape()
+    reqs = [BenchRequest([5] * 10, 3), BenchRequest([5] * 4, 1)]
+    gflops, gbps = 100.0, 10.0
+    f = physical_floor(reqs, shape, gflops, gbps)
+    assert f.decode_steps == 2  # the longest request decodes 2 tokens after its first
+    prefill = 0.0
+    for n in (10, 4):
+        prefill += 2 * shape.params_in_linear_layers * n + 2 * shape.lm_head_params
+        prefill += 4 * shape.hidden_size * shape.num_hidden_layers * n * (n + 1) / 2
+    assert f.prefill_s == pytest.approx(prefill / (gflops * 1e9))
+    weights = 4 * (shape.params_in_linear_layers + shape.lm_head_params)
+    assert f.decode_weights_s == pytest.approx(2 * weights / (gbps * 1e9))
+    # only the first request decodes: at positions 10 and 11, reading 11 and 12 positions
+    assert f.decode_kv_s == pytest.approx((11 + 12) * kv_bytes_per_position(shape) / 1e10)
+    assert f.total_s == pytest.approx(f.prefill_s + f.decode_s)
+
+
+def test_compute_bound_steps_add_their_excess() -> None:
+    shape = model_shape()
+    reqs = [BenchRequest([5] * 8, 5) for _ in range(64)]
+    slow_compute = physical_floor(reqs, shape, gemm_gflops=1.0, read_gbps=1000.0)
+    assert slow_compute.decode_compute_extra_s > 0
+    fast_compute = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=10.0)
+    assert fast_compute.decode_compute_extra_s == 0

@@ -1,0 +1,64 @@
+"""benchmarks/gpu_check.py, the prepared GPU check: its plan and its CPU dry run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu_check import REMAINING, plan
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = ["env", "kernel-tests", "hf-exact-triton", "offline-135m", "offline-1b", "kernel-bench"]
+
+
+def test_plan_covers_the_gpu_path_within_six_minutes() -> None:
+    steps = plan("python", quick=False, wheels=None)
+    assert [s.name for s in steps] == STEPS
+    by_name = {s.name: s for s in steps}
+    assert by_name["kernel-tests"].env == {"TRITON_INTERPRET": "0"}  # compiled, not interpreted
+    assert "tests/kernels" in by_name["kernel-tests"].command
+    assert "tests/engine/test_hf_exactness.py" in by_name["hf-exact-triton"].command
+    assert REMAINING in by_name["kernel-bench"].command
+    assert "llama-1b" in by_name["offline-1b"].command
+    for s in steps:  # every script and test path the steps name exists
+        for part in s.command:
+            if part.startswith(("benchmarks/", "tests/")):
+                assert (REPO / part).exists(), part
+
+
+def test_dry_run_on_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["name"] for s in summary["steps"]] == STEPS
+    assert all(s["rc"] == 0 for s in summary["steps"])
+    assert "collected" in (out / "kernel-tests.log").read_text()
+    assert "workload: 32 requests" in (out / "offline-1b.log").read_text()
+
+
+def test_refuses_a_real_run_without_cuda(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        return
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--out", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "--dry-run" in result.stderr

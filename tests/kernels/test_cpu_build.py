@@ -1,0 +1,173 @@
+"""Building and loading the compiled CPU kernels: the cache key, the portable (non-AVX) build,
+and the fallbacks to the torch path (kernels disabled, no compiler), each in a fresh process
+(a process can register the ``pdserve_cpu`` operators only once)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kernels.cpu as cpu
+from tests.kernels.cpu_ops import cpu_ops
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_build_key_tracks_sources_flags_isa(tmp_path, monkeypatch):
+    keys = {isa: cpu.build_key(isa) for isa in cpu.ISA_FLAGS}
+    assert len(set(keys.values())) == len(keys) and all(k.startswith(i) for i, k in keys.items())
+    copy = tmp_path / "src"
+    shutil.copytree(cpu.SOURCE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cpu, "SOURCE_DIR", copy)
+    assert cpu.build_key("avx2") == keys["avx2"]
+    (copy / "vec.h").write_text((copy / "vec.h").read_text() + "\n// edited\n")
+    assert cpu.build_key("avx2") != keys["avx2"]
+
+
+def test_isa_override_is_validated(monkeypatch):
+    monkeypatch.setenv(cpu.ISA_ENV, "avx2")
+    assert cpu.detect_isa() == "avx2"
+    monkeypatch.setenv(cpu.ISA_ENV, "sse9")
+    with pytest.raises(ValueError, match="PDSERVE_CPU_ISA"):
+        cpu.detect_isa()
+
+
+def test_kernels_in_use_here():
+    """On the project's machines (x86-64 with AVX2) the suite runs the compiled kernels."""
+    ops = cpu_ops()
+    assert ops.isa() in cpu.ISA_FLAGS
+
+
+def test_portable_build_matches_reference():
+    """The baseline build (4-wide vectors, no AVX): the same sources with other vector widths,
+    checked against the references in its own process."""
+    cpu_ops()  # a compiler is here (else the other tests already fail)
+    result = run_python(
+        """
+        import torch
+        from kernels.cpu import load
+        from kernels.reference import paged_attention_reference
+        ops = load()
+        assert ops is not None and ops.isa() == "default", ops
+        torch.manual_seed(0)
+        pool = torch.randn(40, 2, 2, 16, 2, 24)
+        k_cache, v_cache = pool[:, 1, 0], pool[:, 1, 1]
+        tables = torch.randperm(40)[:36].view(3, 12).int()
+        qsl = torch.tensor([0, 1, 8, 9], dtype=torch.int32)
+        lens = torch.tensor([150, 40, 7], dtype=torch.int32)
+        q = torch.randn(9, 6, 24)
+        out = torch.empty_like(q)
+        for window in (0, 9):
+            ops.paged_attention(out, q, k_cache, v_cache, tables, qsl, lens, 0.2, window)
+            ref = paged_attention_reference(
+                q, k_cache, v_cache, tables, qsl, lens, 0.2, window or None)
+            torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+        x, w, b = torch.randn(11, 70), torch.randn(13, 70), torch.randn(13)
+        y = ops.linear(x, ops.pack_linear_weight(w), 13, b)
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        gu = torch.randn(3, 38)
+        torch.testing.assert_close(
+            ops.silu_mul(gu), torch.nn.functional.silu(gu[:, :19]) * gu[:, 19:])
+        print("portable ok")
+        """,
+        PDSERVE_CPU_ISA="default",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "portable ok" in result.stdout
+
+
+ENGINE_BACKEND = """
+    import logging
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from engine.attention.selector import get_attention_backend
+    from kernels.cpu import load
+    import torch
+    print("loaded", load() is not None)
+    print("backend", get_attention_backend(torch.device("cpu")).name)
+"""
+
+
+def test_disabled_by_env_uses_torch_path():
+    result = run_python(ENGINE_BACKEND, PDSERVE_CPU_KERNELS="0")
+    assert result.returncode == 0, result.stderr
+    assert "loaded False" in result.stdout and "backend torch" in result.stdout
+
+
+def test_no_compiler_one_log_line_and_torch_path(tmp_path):
+    result = run_python(
+        ENGINE_BACKEND, CXX=str(tmp_path / "no-such-c++"), PDSERVE_KERNEL_CACHE=str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "loaded False" in result.stdout and "backend torch" in result.stdout
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "no C++ compiler" in warnings[0], result.stderr
+
+
+def test_cached_build_loads_without_a_compiler(tmp_path):
+    """A machine (or image) with the library already in its cache needs no compiler."""
+    cpu_ops()
+    result = run_python(ENGINE_BACKEND, CXX=str(tmp_path / "no-such-c++"))
+    assert result.returncode == 0, result.stderr
+    assert "loaded True" in result.stdout and "backend cpu" in result.stdout
+
+
+BROKEN_BUILD = """
+    import logging, shutil, sys
+    from pathlib import Path
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import kernels.cpu as cpu
+    src = Path(sys.argv[1])
+    if not src.exists():
+        shutil.copytree(cpu.SOURCE_DIR, src, ignore=shutil.ignore_patterns("__pycache__"))
+        (src / "vec.h").write_text("#error deliberately broken\\n")
+    cpu.SOURCE_DIR = src
+    print("loaded", cpu.load() is not None)
+"""
+
+
+def test_failed_build_is_logged_and_not_retried(tmp_path):
+    """A build that fails leaves its compiler output in the cache folder and the torch path;
+    the next process does not compile the same failing sources again."""
+    cpu_ops()
+    env = {"PDSERVE_KERNEL_CACHE": str(tmp_path / "cache")}
+    code = textwrap.dedent(BROKEN_BUILD)
+    runs = []
+    for _ in range(2):
+        runs.append(
+            subprocess.run(
+                [sys.executable, "-c", code, str(tmp_path / "src")],
+                env={**os.environ, "PYTHONPATH": str(REPO), **env},
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        )
+    for r in runs:
+        assert r.returncode == 0 and "loaded False" in r.stdout, r.stderr
+    logs = list((tmp_path / "cache").glob("*/build-error.log"))
+    assert len(logs) == 1 and "deliberately broken" in logs[0].read_text()
+    assert "compiler output in" in runs[0].stderr
+    assert "failed to build before" in runs[1].stderr and "building" not in runs[1].stderr
+    for r in runs:  # one line says so; the compiler output goes to the log, not to stderr
+        warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING")]
+        assert len(warnings) == 1 and "torch path" in warnings[0], r.stderr
+        assert "deliberately broken" not in r.stderr

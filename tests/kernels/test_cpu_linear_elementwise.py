@@ -1,0 +1,94 @@
+"""The compiled CPU packed linear and pointwise kernels against torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from tests.kernels.cpu_ops import cpu_ops
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [
+        (1, 576, 960),  # decode, the benchmark model's qkv
+        (5, 64, 8),  # fewer output columns than one panel
+        (7, 1536, 576),  # K split into blocks
+        (18, 576, 3072),
+        (33, 100, 37),  # nothing a multiple of anything
+        (400, 96, 50),  # row blocks at prefill sizes, a partial last block
+        (13, 2000, 40),  # uneven K blocks
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_f_linear(m, k, n, bias):
+    ops = cpu_ops()
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+    packed = ops.pack_linear_weight(w)
+    got = ops.linear(x, packed, n, b)
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    # float32 accumulation over k terms of size ~1: error grows like sqrt(k) ulps
+    torch.testing.assert_close(got.double(), exact, atol=3e-6 * k**0.5 * 4, rtol=1e-5)
+
+
+def test_linear_strided_rows_and_bad_packing():
+    ops = cpu_ops()
+    w = torch.randn(20, 30)
+    packed = ops.pack_linear_weight(w)
+    x = torch.randn(6, 50)[:, :30]  # row stride 50
+    torch.testing.assert_close(ops.linear(x, packed, 20, None), F.linear(x, w))
+    with pytest.raises(RuntimeError, match="packed"):
+        ops.linear(torch.randn(6, 31), packed, 20, None)
+    with pytest.raises(RuntimeError, match="packed"):
+        ops.linear(x, packed, 50, None)
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 17, 300])
+def test_rms_norm_and_fused_add(dtype, rows):
+    ops = cpu_ops()
+    norm = RMSNorm(576, 1e-5).to(dtype)
+    norm.weight.data = torch.randn(576).to(dtype)
+    x, residual = torch.randn(rows, 576).to(dtype), torch.randn(rows, 576).to(dtype)
+    # The mean of squares is summed in another order than torch's: a few float32 ulps, which
+    # can flip the last bit of a half-precision result (one ulp allowed there).
+    ulp = {torch.float32: 1e-5, torch.bfloat16: 2**-7, torch.float16: 2**-9}[dtype]
+    torch.testing.assert_close(ops.rms_norm(x, norm.weight, 1e-5), norm(x), atol=1e-5, rtol=ulp)
+    stream = residual.clone()
+    normed = ops.add_rms_norm(stream, x, norm.weight, 1e-5)
+    assert torch.equal(stream, residual + x)  # the residual add is exact, in place
+    torch.testing.assert_close(normed, norm(residual + x), atol=1e-5, rtol=ulp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 32), (2, 2, 128)])
+def test_rotary_in_place_is_bit_exact(dtype, heads, kv_heads, dim):
+    ops = cpu_ops()
+    inv = tuple((1e4 ** (-torch.arange(0, dim, 2).float() / dim)).tolist())
+    rot = RotaryEmbedding(inv, 512, 1.0)
+    pos = torch.randint(0, 512, (23,))
+    qkv = torch.randn(23, (heads + 2 * kv_heads) * dim).to(dtype)
+    q = qkv[:, : heads * dim].view(23, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(23, kv_heads, dim)
+    v_before = qkv[:, (heads + kv_heads) * dim :].clone()
+    cos, sin = rot.lookup(pos, dtype)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    ops.rotary_(q, k, rot.cos, rot.sin, pos)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 9, 200])
+def test_silu_mul(dtype, rows):
+    ops = cpu_ops()
+    gate_up = (torch.randn(rows, 2 * 1536) * 4).to(dtype)
+    want = F.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    tol = 1e-6 if dtype == torch.float32 else 0.0
+    torch.testing.assert_close(ops.silu_mul(gate_up), want, atol=tol, rtol=tol)
