@@ -1,8 +1,9 @@
 """The whole control plane for real: ``pdserve serve --prefill-workers 2 --decode-workers 2
 --redis-url`` (workers register in a real redis-server), plus a second, standalone
 ``pdserve router --redis-url`` with no worker list. Both routers serve HF-exact greedy tokens
-through every pool; requests keep succeeding while Redis is stopped (SIGSTOP) and after it
-comes back; every pool is free at the end."""
+through every pool; requests keep succeeding while Redis is stopped (SIGSTOP), after it
+comes back, and across a restart that empties it (the registry is rebuilt from the workers'
+heartbeats); every pool is free at the end."""
 
 from __future__ import annotations
 
@@ -94,6 +95,15 @@ def test_two_routers_over_redis_are_hf_exact_and_survive_a_redis_stall(
             assert asyncio.run(burst()) == expected
         finally:
             redis.resume()
+        assert asyncio.run(burst()) == expected
+        # Redis restarts empty: the workers register again from their heartbeats, the
+        # routers re-list, and requests keep flowing meanwhile and after.
+        redis.restart()
+        assert asyncio.run(burst()) == expected
+        for router in (serve, second):
+            _wait_routable(router, decode=2, prefill=2)
+        registry = _metric(serve, "pdserve_registry_workers")
+        assert sum(registry.values()) == 4, registry
         assert asyncio.run(burst()) == expected
         serve.wait_pool_free(30)
         second.wait_pool_free(30)
