@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: the repo root is the import root
@@ -90,6 +91,7 @@ class Load:
         self.cluster, self.refs, self.rng = cluster, refs, random.Random(seed)
         self.tally, self.burst_tally = Tally(), Tally()
         self.bad: list[str] = []  # hung, corrupted, truncated: what and when
+        self.fault_counts: Counter[str] = Counter()
         self.start = time.monotonic()
 
     async def run(self, stop_at: float, concurrency: int) -> None:
@@ -175,10 +177,12 @@ async def fault_loop(
     so a slow restart does not delay the next; waits for all of them at the end."""
     rng = random.Random(seed + 1)
     tasks: list[asyncio.Task[None]] = []
+    counts = load.fault_counts
     next_at = time.monotonic() + period_s * rng.uniform(0.5, 1.0)
     while next_at < stop_at:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
         kind, worker = faults.pick(rng, cancel_share=0.25)
+        counts[kind if worker is None else f"{kind} {worker.role}"] += 1
         if kind == CANCEL:
             tasks.append(asyncio.ensure_future(load.cancel_burst(faults.log)))
         else:
@@ -261,7 +265,8 @@ def _run(
     broken = [line for line in logs.splitlines() if any(b in line for b in BROKEN)]
 
     print(f"\n## Chaos: {a.minutes:g} min, {a.concurrency} clients, 2 prefill + 2 decode")
-    print(f"faults: {len(faults.log.lines)} log lines above; commit {_commit()}\n")
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(load.fault_counts.items()))
+    print(f"faults: {load.fault_counts.total()} ({kinds}); commit {_commit()}\n")
     print(load.tally.table(migrated=0))
     print(f"\nleaked blocks at the end: {held}" + (f" — {problems}" if problems else ""))
     b = load.burst_tally.verdicts
