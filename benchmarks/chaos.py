@@ -201,7 +201,8 @@ def leaked_blocks(cluster: Cluster, timeout_s: float) -> tuple[int, dict[str, li
         if not problems or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    held = sum(w.load().num_blocks - w.load().num_free_blocks for w in cluster.workers)
+    loads = [w.load() for w in cluster.workers]
+    held = sum(load.num_blocks - load.num_free_blocks for load in loads)
     inflight = cluster.router.health()["num_inflight_requests"]
     if inflight:
         problems["router"] = [f"{inflight} requests in flight"]
