@@ -92,6 +92,7 @@ class Load:
         self.tally, self.burst_tally = Tally(), Tally()
         self.bad: list[str] = []  # hung, corrupted, truncated: what and when
         self.fault_counts: Counter[str] = Counter()
+        self.failures: list[str] = []  # failed with a clear error: when and why
         self.start = time.monotonic()
 
     async def run(self, stop_at: float, concurrency: int) -> None:
@@ -131,8 +132,10 @@ class Load:
     def _record(self, tally: Tally, api: str, ref: Reference, out: Outcome | None) -> None:
         verdict = classify(out, api, ref)
         tally.add(verdict, out)
+        t = time.monotonic() - self.start
+        if verdict is Verdict.FAILED and out is not None:
+            self.failures.append(f"t={t:.1f}s {api}: {(out.error or '')[:160]}")
         if verdict in (Verdict.HUNG, Verdict.CORRUPTED, Verdict.TRUNCATED):
-            t = time.monotonic() - self.start
             self.bad.append(
                 f"t={t:.1f}s {verdict} {api} prompt_len={len(ref.prompt)} "
                 f"max_tokens={ref.max_tokens}: {out}"
@@ -181,7 +184,7 @@ async def fault_loop(
     next_at = time.monotonic() + period_s * rng.uniform(0.5, 1.0)
     while next_at < stop_at:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-        kind, worker = faults.pick(rng, cancel_share=0.25)
+        kind, worker = faults.pick(rng)
         counts[kind if worker is None else f"{kind} {worker.role}"] += 1
         if kind == CANCEL:
             tasks.append(asyncio.ensure_future(load.cancel_burst(faults.log)))
@@ -280,6 +283,8 @@ def _run(
     print("failed requests by error:")
     for message, count in load.tally.errors.most_common():
         print(f"  {count:5d}  {message}")
+    for line in load.failures[:40]:
+        print(f"  FAILED {line}")
     for line in load.bad:
         print(f"  BAD {line}")
     print(f"broken-callback/traceback log lines: {len(broken)}")

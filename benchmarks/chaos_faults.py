@@ -25,6 +25,7 @@ from tests.faults.cluster import Cluster
 from tests.services.workers import WorkerProcess, spawn_worker, wait_started
 
 WORKER_FAULTS = ("kill", "pause", "drain")
+ROLES = ("prefill", "decode")
 CANCEL = "cancel"
 PAUSE_S = (2.0, 8.0)  # SIGSTOP length, uniform; the router's stall timeout lies inside
 
@@ -55,24 +56,29 @@ class WorkerFaults:
     log: FaultLog
     retired: list[WorkerProcess] = field(default_factory=list)  # killed/drained, for their logs
     _busy: set[str] = field(default_factory=set)  # targets under a fault now
+    _bag: list[tuple[str, str]] = field(default_factory=list)  # (kind, role) still to draw
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def pick(self, rng: random.Random, cancel_share: float) -> tuple[str, WorkerProcess | None]:
-        """A fault and its worker (``None`` for ``cancel``); marks the worker busy."""
-        if rng.random() < cancel_share:
-            return CANCEL, None
+    def pick(self, rng: random.Random) -> tuple[str, WorkerProcess | None]:
+        """The next fault and its worker (``None`` for ``cancel``); marks the worker busy.
+
+        Faults come from a shuffled bag of every (kind, role) and a cancel burst, refilled when
+        empty, so each kind hits each role as often; the first one whose role has both workers
+        healthy is taken (a cancel burst when none has)."""
         with self._lock:
-            eligible = [
-                w
-                for pool in (self.cluster.prefill, self.cluster.decode)
-                for w in pool
-                if not self._busy.intersection(x.target for x in pool)  # its peer is healthy
-            ]
-            if not eligible:
-                return CANCEL, None
-            worker = rng.choice(eligible)
-            self._busy.add(worker.target)
-        return rng.choice(WORKER_FAULTS), worker
+            if not self._bag:
+                self._bag = [(k, r) for k in WORKER_FAULTS for r in ROLES] + [(CANCEL, "")]
+                rng.shuffle(self._bag)
+            for i, (kind, role) in enumerate(self._bag):
+                pool = self.cluster.prefill if role == "prefill" else self.cluster.decode
+                if kind == CANCEL or not self._busy.intersection(w.target for w in pool):
+                    del self._bag[i]
+                    if kind == CANCEL:
+                        return CANCEL, None
+                    worker = rng.choice(pool)
+                    self._busy.add(worker.target)
+                    return kind, worker
+        return CANCEL, None
 
     def apply(self, kind: str, worker: WorkerProcess, rng: random.Random) -> None:
         """Blocking: returns once the worker serves again (its replacement healthy)."""
