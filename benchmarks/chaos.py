@@ -200,11 +200,12 @@ def leaked_blocks(cluster: Cluster, timeout_s: float) -> tuple[int, dict[str, li
     """Blocks still held once the pools had ``timeout_s`` to become free, and every problem."""
     deadline = time.monotonic() + timeout_s
     while True:
-        problems = {f"{w.role} {w.target}": p for w in cluster.workers if (p := pool_problems(w))}
+        alive = [w for w in cluster.workers if w.is_alive]  # a failed replacement is not
+        problems = {f"{w.role} {w.target}": p for w in alive if (p := pool_problems(w))}
         if not problems or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    loads = [w.load() for w in cluster.workers]
+    loads = [w.load() for w in alive]
     held = sum(load.num_blocks - load.num_free_blocks for load in loads)
     inflight = cluster.router.health()["num_inflight_requests"]
     if inflight:

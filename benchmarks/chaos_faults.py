@@ -81,17 +81,18 @@ class WorkerFaults:
         return CANCEL, None
 
     def apply(self, kind: str, worker: WorkerProcess, rng: random.Random) -> None:
-        """Blocking: returns once the worker serves again (its replacement healthy)."""
+        """Blocking: returns once the worker serves again (its replacement healthy). A
+        replacement that does not start (its port taken meanwhile, say) is logged and its
+        worker stays busy, never drawn again: the role runs one short from then on."""
         name = f"{worker.role} {worker.target}"
-        try:
-            if kind == "pause":
-                pause_s = rng.uniform(*PAUSE_S)
-                self.log(f"SIGSTOP {name} for {pause_s:.1f}s")
-                worker.pause()
-                time.sleep(pause_s)
-                worker.resume()
-                self.log(f"SIGCONT {name}")
-                return
+        if kind == "pause":
+            pause_s = rng.uniform(*PAUSE_S)
+            self.log(f"SIGSTOP {name} for {pause_s:.1f}s")
+            worker.pause()
+            time.sleep(pause_s)
+            worker.resume()
+            self.log(f"SIGCONT {name}")
+        else:
             if kind == "kill":
                 self.log(f"kill -9 {name}")
                 worker.kill()
@@ -99,10 +100,13 @@ class WorkerFaults:
                 self.log(f"SIGTERM {name} (drain)")
                 status = worker.stop(timeout_s=60.0)
                 self.log(f"{name} exited with status {status} after the drain")
-            self._replace(worker)
-        finally:
-            with self._lock:
-                self._busy.discard(worker.target)
+            try:
+                self._replace(worker)
+            except RuntimeError as e:
+                self.log(f"replacement {name} did not start, left out from now on: {e}")
+                return
+        with self._lock:
+            self._busy.discard(worker.target)
 
     def _replace(self, old: WorkerProcess) -> None:
         port = int(old.target.rsplit(":", 1)[1])
