@@ -276,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     from pdserve.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+    from pdserve.plan.cli import add_plan_parser, run_plan
+
+    add_plan_parser(sub)
+    sub.choices["plan"].set_defaults(func=run_plan)
     return parser
 
 

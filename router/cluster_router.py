@@ -19,7 +19,7 @@ refuses a worker whose model or KV layout differs from the first one it admitted
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,8 @@ class ClusterRouter:
         be prefilled on decode even when no prefill worker is routable (-1: every prompt)."""
         self.view = view
         self.source: Source | None = None
+        # Made in start(): gRPC aio channels belong to the event loop that creates them.
+        self._make_source: Callable[[], Source] | None = None
         self.ledger = ledger
         self.policy = policy
         self.stats = view.stats
@@ -98,8 +100,12 @@ class ClusterRouter:
     ) -> ClusterRouter:
         view = ClusterView(adopt_fingerprint=True)
         router = cls(view, LocalLedger(view), policy, local_prefill_max_tokens)
-        channels = {a: router.channel(a) for a in (*decode, *prefill)}
-        router.source = StaticClusterSource(view, decode, prefill, channels, poll_s=poll_s)
+
+        def source() -> Source:
+            channels = {a: router.channel(a) for a in (*decode, *prefill)}
+            return StaticClusterSource(view, decode, prefill, channels, poll_s=poll_s)
+
+        router._make_source = source
         return router
 
     @classmethod
@@ -115,11 +121,15 @@ class ClusterRouter:
         store = RedisStore(url, cluster)
         ledger = RedisLedger(store, view)
         router = cls(view, ledger, policy, local_prefill_max_tokens, store)
-        router.source = RedisClusterSource(store, view, router._snapshot, load_poll_s=load_poll_s)
+        router._make_source = lambda: RedisClusterSource(
+            store, view, router._snapshot, load_poll_s=load_poll_s
+        )
         return router
 
     async def start(self) -> None:
-        assert self.source is not None, "made by ClusterRouter.static or ClusterRouter.redis"
+        """On the event loop that serves requests (the channels are bound to it)."""
+        assert self._make_source is not None, "made by ClusterRouter.static or .redis"
+        self.source = self._make_source()
         await self.source.start()
 
     async def close(self) -> None:

@@ -1,0 +1,295 @@
+"""The simulator against the real system: 1P1D, 1P2D, 2P1D and colocated on loopback with the
+SmolLM2-135M-shape model, each run for real (``pdserve bench`` against processes this script
+starts on free ports and stops after) and simulated (``pdserve plan`` with a profile), then an
+error table: TTFT p50/p99, TPOT p50, output throughput, |sim - real| / real (target 15%).
+
+    python benchmarks/simulator_validation.py --profile cpu-1core-135m --out /tmp/val
+
+Placement: this machine has 2 cores; workers are pinned (taskset-like) and the simulation is
+told which workers share a core (processor sharing):
+
+    1P1D       prefill cpu0 | decode cpu1
+    1P2D       prefill cpu0 | decode-0, decode-1 share cpu1
+    2P1D       prefill-0 cpu0 | prefill-1, decode share cpu1
+    colocated  one engine (in the router process) on cpu0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from pdserve.bench.config import load_config  # noqa: E402
+from pdserve.bench.metrics import Summary  # noqa: E402
+from pdserve.plan.sim_config import SimConfig  # noqa: E402
+from pdserve.plan.simulate import load_profiles, simulate  # noqa: E402
+
+MODEL = Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32"
+
+WORKLOAD = {
+    "workload": {"num_requests": 16, "prompt_len": "uniform:32:192",
+                 "output_len": "uniform:8:32", "seed": 0},
+    "load": {"kind": "open", "rates": [0.25], "warmup_requests": 2},
+}
+
+# name -> (prefill cpus, decode cpus, core groups for the simulation)
+SHAPES: dict[str, tuple[list[int], list[int], list[dict[str, Any]]]] = {
+    "1P1D": ([0], [1], []),
+    "1P2D": ([0], [1, 1], [{"cores": 1, "workers": ["decode-0", "decode-1"]}]),
+    "2P1D": ([0, 1], [1], [{"cores": 1, "workers": ["prefill-1", "decode-0"]}]),
+    "colocated": ([], [0], []),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _start(cmd: list[str], cpus: list[int], log: Path) -> subprocess.Popen[bytes]:
+    out = log.open("wb")
+    return subprocess.Popen(["taskset", "-c", ",".join(map(str, cpus)), *cmd], env=_env(),
+                            stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_http(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("router not healthy")
+
+
+def run_real(name: str, config_path: Path, out: Path) -> Summary:
+    """Start the shape's processes, run ``pdserve bench``, stop them."""
+    from pdserve.launch import wait_healthy
+
+    prefill_cpus, decode_cpus, _ = SHAPES[name]
+    procs: list[subprocess.Popen[bytes]] = []
+    http = free_port()
+    metrics: dict[str, list[str]] = {"prefill": [], "decode": []}
+    py = [sys.executable, "-m", "pdserve.cli"]
+    try:
+        if name == "colocated":
+            procs.append(_start([*py, "serve", "--colocated", "--model", str(MODEL),
+                                 "--grpc-port", "0", "--http-port", str(http)],
+                                decode_cpus, out / f"{name}-serve.log"))
+            metrics["decode"].append(f"http://127.0.0.1:{http}/metrics")
+        else:
+            targets: dict[str, list[str]] = {"prefill": [], "decode": []}
+            for role, cpus_list in (("decode", decode_cpus), ("prefill", prefill_cpus)):
+                for i, cpu in enumerate(cpus_list):
+                    port = free_port()
+                    mport = free_port()
+                    metrics[role].append(f"http://127.0.0.1:{mport}/metrics")
+                    extra = ["--metrics-port", str(mport)]
+                    if role == "decode":
+                        extra += ["--kv-transport", "tcp", "--kv-port", str(free_port())]
+                    else:
+                        extra += ["--max-num-batched-tokens", "4096"]
+                    p = _start([*py, role, "--port", str(port), "--model", str(MODEL), *extra],
+                               [cpu], out / f"{name}-{role}-{i}.log")
+                    procs.append(p)
+                    wait_healthy(f"127.0.0.1:{port}", p, 300)
+                    targets[role].append(f"127.0.0.1:{port}")
+            cmd = [*py, "router", "--model", str(MODEL), "--grpc-port", "0",
+                   "--http-port", str(http)]
+            for t in targets["prefill"]:
+                cmd += ["--prefill", t]
+            for t in targets["decode"]:
+                cmd += ["--decode", t]
+            procs.append(_start(cmd, [0, 1], out / f"{name}-router.log"))
+        _wait_http(http, procs[-1])
+        res = out / f"real-{name}"
+        subprocess.run([*py, "bench", "--url", f"http://127.0.0.1:{http}/v1", "--config",
+                        str(config_path), "--out", str(res)], env=_env(), check=True,
+                       stdout=subprocess.DEVNULL)
+        from pdserve.plan.calibrate import fetch_metrics
+
+        scraped = {role: [fetch_metrics(u) for u in urls] for role, urls in metrics.items()}
+        (res / "metrics.json").write_text(json.dumps(scraped), encoding="utf-8")
+        return _summary(res / "results.json")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _summary(path: Path) -> Summary:
+    from pdserve.bench.metrics import summarize
+    from pdserve.bench.records import RequestRecord
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    p = data["points"][0]
+    records = [RequestRecord.from_json(r) for r in p["records"]]
+    return summarize(records, float(p["summary"]["duration_s"]), _slo())
+
+
+def _slo() -> Any:
+    from pdserve.bench.metrics import Slo
+
+    return Slo()
+
+
+def pool_factors(name: str, profile: str, out: Path) -> dict[str, float]:
+    """Per pool: the real workers' mean step time (their /metrics step histograms) over the
+    profile's prediction at their mean step shape (``pdserve plan calibrate metrics``)."""
+    from pdserve.plan.calibrate import parse_step_metrics, step_factor
+    from pdserve.plan.profile_format import load_profile
+
+    path = out / f"real-{name}" / "metrics.json"
+    if not path.exists():
+        return {}
+    cost = load_profile(profile).step
+    factors = {}
+    for role, texts in json.loads(path.read_text(encoding="utf-8")).items():
+        got = want = 0.0
+        for text in texts:
+            w = parse_step_metrics(text, f"{name} {role}")
+            g, p = step_factor(cost, w, MEAN_CONTEXT)
+            got, want = got + g * w.num_steps, want + p * w.num_steps
+        if want > 0:
+            factors["colocated" if name == "colocated" else role] = got / want
+    return factors
+
+
+def rescaled_profiles(profile: str, factors: dict[str, float], out: Path) -> dict[str, str]:
+    from dataclasses import fields, replace
+
+    from pdserve.plan.cost_model import StepCost
+    from pdserve.plan.profile_format import load_profile, save_profile
+
+    base = load_profile(profile)
+    paths = {}
+    for role, f in factors.items():
+        names = [x.name for x in fields(StepCost) if x.name.endswith("_s")]
+        step = replace(base.step, **{n: getattr(base.step, n) * f for n in names})
+        path = out / f"{base.name}-x{f:.3f}-{role}.json"
+        save_profile(replace(base, name=path.stem, step=step), path)
+        paths[role] = str(path)
+    return paths
+
+
+MEAN_CONTEXT = 130.0  # tokens of KV a request of a step reads: the workload's mean context
+
+
+def sim_config(name: str, profile: str, trace: Path | None,
+               pool_profiles: dict[str, str] | None = None) -> SimConfig:
+    prefill_cpus, decode_cpus, groups = SHAPES[name]
+    d: dict[str, Any] = json.loads(json.dumps(WORKLOAD))
+    if name == "colocated":
+        d["cluster"] = {"mode": "colocated", "num_colocated": 1, "profile": profile}
+    else:
+        d["cluster"] = {"num_prefill": len(prefill_cpus), "num_decode": len(decode_cpus),
+                        "profile": profile}
+        d["prefill"] = {"max_num_batched_tokens": 4096}
+    d["router"] = {"policy": "least_loaded", "load_view": "polled"}
+    d["sim"] = {"records": "full"}
+    if groups:
+        d["placement"] = {"groups": groups}
+    if trace is not None:  # the real run's own send times and lengths
+        d["arrivals"] = {"trace": str(trace)}
+    for role, path in (pool_profiles or {}).items():
+        d.setdefault(role, {})["profile"] = path
+    return SimConfig.from_dict(d)
+
+
+METRICS = (
+    ("TTFT p50 ms", lambda s: s.ttft_ms.p50),
+    ("TTFT p99 ms", lambda s: s.ttft_ms.p99),
+    ("TPOT p50 ms", lambda s: s.tpot_ms.p50),
+    ("out tok/s", lambda s: s.output_token_throughput),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="cpu-1core-135m")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/simulator_validation"))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--sim-only", action="store_true",
+                    help="simulate against the real results already in --out")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    config_path = a.out / "bench.toml"
+    config_path.write_text(
+        "[workload]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in
+                                 WORKLOAD["workload"].items())
+        + "[load]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in WORKLOAD["load"].items()),
+        encoding="utf-8")
+    load_config(config_path)
+    rows = []
+    for name in a.shapes.split(","):
+        t0 = time.monotonic()
+        if a.sim_only:
+            real = _summary(a.out / f"real-{name}" / "results.json")
+        else:
+            real = run_real(name, config_path, a.out)
+        wall = time.monotonic() - t0
+        trace = a.out / f"real-{name}" / "results.json"
+        config = sim_config(name, a.profile, trace)
+        sim = simulate(config, load_profiles(config)).points[0].summary
+        factors = pool_factors(name, a.profile, a.out)
+        rescaled = None
+        if factors:
+            c2 = sim_config(name, a.profile, trace, rescaled_profiles(a.profile, factors, a.out))
+            rescaled = simulate(c2, load_profiles(c2)).points[0].summary
+        errs = []
+        for label, get in METRICS:
+            r, s = get(real), get(sim)
+            x = get(rescaled) if rescaled is not None else float("nan")
+            errs.append((label, r, s, abs(s - r) / r if r else float("nan"), x,
+                         abs(x - r) / r if r else float("nan")))
+        rows.append((name, wall, real.num_completed, errs))
+        print(f"{name}: step-time factors from /metrics: {factors}", file=sys.stderr)
+        print(f"{name}: real run {wall:.0f} s", file=sys.stderr, flush=True)
+    print(f"\nprofile {a.profile}; workload {WORKLOAD}; sim replays each real run's trace\n")
+    print("| shape | metric | real | simulated | error | sim, steps rescaled by the run's "
+          "/metrics | error |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, _wall, n, errs in rows:
+        for label, r, s, e, x, ex in errs:
+            flag = "" if e <= 0.15 else " (miss)"
+            flag2 = "" if ex <= 0.15 else " (miss)"
+            print(f"| {name} ({n} req) | {label} | {r:.1f} | {s:.1f} | {100 * e:.0f}%{flag} "
+                  f"| {x:.1f} | {100 * ex:.0f}%{flag2} |")
+    keys = ("metric", "real", "sim", "error", "sim_rescaled", "error_rescaled")
+    (a.out / "errors.json").write_text(json.dumps(
+        [{"shape": n, "errors": [dict(zip(keys, e, strict=True)) for e in errs]}
+         for n, _, _, errs in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,434 @@
+"""One simulated worker: the engine's scheduler and step loop, as numbers and events.
+
+It follows ``engine/scheduler.py`` step for step: running requests oldest first (a prefill
+chunk or one decode token each, preempting the latest arrival when blocks run out), then
+swapped requests back, then requests prefilled elsewhere, then new ones under the token
+budget with chunked prefill and prefix-cache hits. Commands (a new request, a reservation, a
+KV arrival, a release) run between steps, as ``engine/async_engine.py`` runs them.
+
+Two ways to advance, with the same result:
+
+* an **exact step** (``step_plan.plan_exact``): the scheduler's loop over every request; used
+  whenever a step holds a prefill chunk, a swap or a preemption, or the budget binds;
+* a **decode run**: every running request is one token behind and nothing can join, so the
+  next k steps are alike (each context one token longer). The run is one job of
+  ``k x t(B, K) + slope x k(k-1)/2`` seconds, k = steps to the next finish or to the step
+  where blocks run out; a command arriving mid-run cuts it at the end of the step in
+  progress. Decoding requests carry ``computed = offset + steps``, so a run touches none of
+  them: O(block size) per run, whatever the batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pdserve.plan.cost_model import StepCost, SwapCost
+from pdserve.plan.cpu_share import Lane
+from pdserve.plan.events import EventLoop
+from pdserve.plan.kv_pool import KvPool
+from pdserve.plan.seq import Seq
+from pdserve.plan.worker_settings import WorkerSettings
+
+
+class WorkerHooks(Protocol):
+    """What a worker tells the cluster (times are the worker's step ends)."""
+
+    def first_token(self, worker: EngineModel, seq: Seq) -> None: ...
+    def prompt_done(self, worker: EngineModel, seq: Seq) -> None: ...
+    def chunk_done(self, worker: EngineModel, seq: Seq, num_full_blocks: int) -> None: ...
+    def finished(self, worker: EngineModel, seq: Seq) -> None: ...
+
+
+class TokenSink(Protocol):
+    """Where inter-token gaps go (the recorder)."""
+
+    def gap(self, seconds: float) -> None: ...
+    def gaps(self, first_s: float, last_s: float, num_steps: int, weight: int) -> None: ...
+
+
+class EngineModel:
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        loop: EventLoop,
+        lane: Lane,
+        cost: StepCost,
+        swap: SwapCost,
+        pool: KvPool,
+        settings: WorkerSettings,
+        hooks: WorkerHooks,
+        sink: TokenSink,
+        record_tokens: bool = False,
+        fast: bool = True,
+    ) -> None:
+        self.name = name
+        self.role = role  # prefill | decode | colocated
+        self.loop = loop
+        self.lane = lane
+        self.cost = cost
+        self.swap = swap
+        self.pool = pool
+        self.settings = settings
+        self.hooks = hooks
+        self.sink = sink
+        self.record_tokens = record_tokens  # append every token's time to its request
+        self.fast = fast  # allow decode runs (off: every step exact; the tests compare)
+        self.bs = pool.block_size
+        self.running: dict[Seq, None] = {}  # insertion order = the scheduler's running list
+        self.prefilling: dict[Seq, None] = {}  # running requests more than one token behind
+        self.waiting: deque[Seq] = deque()
+        self.ready: deque[Seq] = deque()  # REMOTE: KV arrived, not yet in the batch
+        self.swapped: list[Seq] = []
+        self.held: set[Seq] = set()  # EXPORT: prompt done, blocks kept for the transfer
+        self.reserved: set[Seq] = set()  # REMOTE: blocks reserved, KV still arriving
+        # Decoding requests, in aggregate.
+        self.steps = 0
+        self.num_decoding = 0
+        self.sum_offset = 0
+        self.residues = [0] * self.bs  # decoding requests by offset mod block size
+        self._finish: list[tuple[int, int, Seq, int]] = []  # (step, tie, seq, epoch)
+        self._tie = 0
+        self.stale: list[Seq] = []
+        # Commands and the current job.
+        self._commands: list[tuple[Callable[[Any], None], Any]] = []
+        self._job: str | None = None  # "step" | "run" | None (idle)
+        self.t_start = 0.0
+        self.chunks: list[tuple[Seq, int]] = []
+        self.skipped: list[Seq] = []  # decoding requests the last exact step's budget missed
+        self._run = (0, 0.0, 0.0)  # k, first step's work, per-step growth
+        self._in_wake = False
+        self._boundary_in_use = 0
+        # Counters for the report.
+        self.busy_s = 0.0
+        self.num_steps_run = 0
+        self.num_tokens_computed = 0
+        self.num_preemptions = 0
+        self.num_swapped_blocks = 0
+
+    # ------------------------------------------------------------------ commands
+    def post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
+        """Run ``fn(arg)`` between steps (now, if the worker is idle)."""
+        self._commands.append((fn, arg))
+        if self._job is None:
+            if not self._in_wake:
+                self._wake()
+        elif self._job == "run":
+            self._cut_run()
+
+    def add(self, seq: Seq) -> None:
+        """Queue a FULL or EXPORT request (call through ``post``)."""
+        seq.engine_arrival = self.loop.now
+        self.waiting.append(seq)
+
+    def reserve(self, seq: Seq) -> bool:
+        """REMOTE: allocate the prompt's blocks (group hits shared); False if they do not fit.
+        Call through ``post``."""
+        pool = self.pool
+        hit = 0
+        if seq.group >= 0:
+            hit = min(pool.ref_group(seq.group), seq.req.num_prefix_tokens // self.bs)
+            seq.group_ref = True
+        need = pool.blocks_for(seq.num_tokens) - hit
+        if not pool.allocate(need):
+            if seq.group_ref:
+                pool.unref_group(seq.group)
+                seq.group_ref = False
+            return False
+        seq.num_blocks = need + hit
+        seq.num_prefix_blocks = hit
+        seq.skipped_blocks = hit
+        seq.req.num_cached_tokens = hit * self.bs
+        seq.engine_arrival = self.loop.now
+        self.reserved.add(seq)
+        return True
+
+    def admit(self, seq: Seq) -> None:
+        """REMOTE: every block arrived; the first token (sampled by prefill) goes out now and
+        the request joins the batch at the next step. Call through ``post``."""
+        from pdserve.plan.step_plan import publish_prefix
+
+        self.reserved.discard(seq)
+        seq.computed = seq.num_tokens
+        publish_prefix(self, seq)  # the engine caches the arrived prompt's blocks
+        seq.num_tokens += 1
+        seq.num_out = 1
+        seq.last_token_s = self.loop.now
+        self.hooks.first_token(self, seq)
+        if seq.num_out >= seq.req.num_output:
+            self.free_blocks(seq, seq.num_blocks)
+            self.hooks.finished(self, seq)
+            return
+        self.ready.append(seq)
+
+    def release(self, seq: Seq) -> None:
+        """EXPORT: the transfer is over; free the held blocks. Idempotent."""
+        if seq in self.held:
+            self.held.discard(seq)
+            self.free_blocks(seq, seq.num_blocks)
+        elif seq in self.reserved:  # REMOTE reservation given up
+            self.reserved.discard(seq)
+            self.free_blocks(seq, seq.num_blocks)
+
+    def free_blocks(self, seq: Seq, num_blocks: int) -> None:
+        """Give back ``num_blocks`` held blocks of ``seq``, its group's shared ones included."""
+        self.pool.free(num_blocks - seq.num_prefix_blocks)
+        if seq.group_ref:
+            self.pool.unref_group(seq.group)
+            seq.group_ref = False
+        seq.num_blocks = seq.num_prefix_blocks = 0
+
+    # --------------------------------------------------------------------- state
+    @property
+    def num_active(self) -> int:
+        """Running + swapped + waiting, as a worker's load report counts them."""
+        return len(self.running) + len(self.swapped) + len(self.waiting)
+
+    @property
+    def is_idle(self) -> bool:
+        return self._job is None
+
+    def computed_of(self, seq: Seq) -> int:
+        return seq.offset + self.steps if seq.is_decoding else seq.computed
+
+    def blocks_of(self, seq: Seq) -> int:
+        return self.pool.blocks_for(seq.offset + self.steps) if seq.is_decoding else seq.num_blocks
+
+    # -------------------------------------------------------------- decoding set
+    def start_decoding(self, seq: Seq) -> None:
+        """``seq`` (in running, one token behind) joins the decoding aggregate."""
+        self.prefilling.pop(seq, None)
+        seq.is_decoding = True
+        seq.offset = seq.computed - self.steps
+        seq.finish_step = self.steps + seq.req.num_output - seq.num_out
+        self.num_decoding += 1
+        self.sum_offset += seq.offset
+        self.residues[seq.offset % self.bs] += 1
+        self._tie += 1
+        heapq.heappush(self._finish, (seq.finish_step, self._tie, seq, seq.epoch))
+
+    def shift_decoding(self, seq: Seq, delta: int) -> None:
+        """Move a decoding request's computed count by ``delta`` against the step count (a
+        step it sat out: -1); it finishes that much later."""
+        self.residues[seq.offset % self.bs] -= 1
+        seq.offset += delta
+        self.sum_offset += delta
+        self.residues[seq.offset % self.bs] += 1
+        seq.finish_step -= delta
+        seq.epoch += 1
+        self._tie += 1
+        heapq.heappush(self._finish, (seq.finish_step, self._tie, seq, seq.epoch))
+
+    def stop_decoding(self, seq: Seq) -> None:
+        """``seq`` leaves the decoding aggregate (finished, preempted); ``computed`` is set."""
+        seq.computed = seq.offset + self.steps
+        seq.num_blocks = self.pool.blocks_for(seq.computed)
+        seq.num_out = seq.req.num_output - (seq.finish_step - self.steps)
+        seq.num_tokens = seq.req.num_prompt + seq.num_out
+        seq.is_decoding = False
+        seq.epoch += 1
+        self.num_decoding -= 1
+        self.sum_offset -= seq.offset
+        self.residues[seq.offset % self.bs] -= 1
+
+    def extra_blocks(self, m: int) -> int:
+        """Blocks the decoding requests need beyond what they hold to run ``m`` more steps."""
+        bs, s, res = self.bs, self.steps, self.residues
+        extra = (m // bs) * self.num_decoding
+        for j in range(1, m % bs + 1):
+            extra += res[(1 - s - j) % bs]
+        return extra
+
+    def max_steps_for(self, k: int, free: int) -> int:
+        """The most steps (<= k) the decoding requests can run within ``free`` blocks."""
+        bs, b = self.bs, self.num_decoding
+        cycles = min(k // bs, free // b) if b else k // bs
+        m, used = cycles * bs, cycles * b
+        s, res = self.steps, self.residues
+        while m < k:
+            add = res[(1 - s - (m + 1)) % bs]
+            if used + add > free:
+                break
+            used += add
+            m += 1
+        return m
+
+    # ---------------------------------------------------------------- the loop
+    def _wake(self) -> None:
+        """At a step boundary (or idle): run commands, then plan and start the next job."""
+        self._in_wake = True
+        try:
+            while self._commands:
+                commands, self._commands = self._commands, []
+                for fn, arg in commands:
+                    fn(arg)
+            self._job = None
+            self._boundary_in_use = self.pool.num_in_use
+            if self.fast and self._try_run():
+                return
+            from pdserve.plan.step_plan import plan_exact
+
+            work = plan_exact(self)
+            if work is not None:
+                self._begin("step", work)
+        finally:
+            self._in_wake = False
+
+    def _begin(self, job: str, work: float) -> None:
+        self._job = job
+        self.t_start = self.loop.now
+        self.lane.start(work, self._job_done)
+
+    def _job_done(self) -> None:
+        self.busy_s += self.loop.now - self.t_start
+        if self._job == "run":
+            self._end_run()
+        else:
+            from pdserve.plan.step_plan import finish_exact
+
+            finish_exact(self)
+        self._job = None
+        self._wake()
+
+    # ------------------------------------------------------------- decode runs
+    def _try_run(self) -> bool:
+        """Start a decode run if the next steps are all alike; False to plan exactly (with
+        every request where it was)."""
+        if self.prefilling or self.swapped or self.stale:
+            return False
+        s = self.settings
+        joined: list[Seq] = []
+        while self.ready and len(self.running) < s.max_num_seqs:  # joins at the boundary
+            seq = self.ready.popleft()  # its blocks hold the prompt: a decode needs no more
+            self.running[seq] = None
+            self.start_decoding(seq)
+            joined.append(seq)
+        b = self.num_decoding
+        k = 0
+        if not self.ready and 0 < b <= s.max_num_batched_tokens and b == len(self.running):
+            if not (self.waiting and self._can_admit_head(b)):
+                while self._finish and self._finish[0][3] != self._finish[0][2].epoch:
+                    heapq.heappop(self._finish)  # stale entries of requests that left
+                k = self._finish[0][0] - self.steps
+                # A run never evicts a cached prefix: an exact step does it when it must.
+                k = self.max_steps_for(k, self.pool.num_free_uncached)
+        if k <= 0:
+            for seq in reversed(joined):  # back to the ready queue, as if never taken
+                self._unjoin(seq)
+            return False
+        context = self.sum_offset + b * (self.steps + 1)  # every context after step 1
+        first = self.cost.decode_seconds(b, context)
+        slope = self.cost.decode_slope(b)
+        self._run = (k, first, slope)
+        self._begin("run", k * first + slope * k * (k - 1) / 2)
+        return True
+
+    def _unjoin(self, seq: Seq) -> None:
+        self.num_decoding -= 1
+        self.sum_offset -= seq.offset
+        self.residues[seq.offset % self.bs] -= 1
+        seq.is_decoding = False
+        seq.epoch += 1
+        del self.running[seq]
+        self.ready.appendleft(seq)
+
+    def _can_admit_head(self, num_decode_tokens: int) -> bool:
+        """Whether the scheduler would admit the first waiting request in the next step (it
+        stays blocked through a decode run: blocks and seats only free up at a finish)."""
+        from pdserve.plan.step_plan import admission
+
+        s = self.settings
+        if len(self.running) >= s.max_num_seqs or num_decode_tokens >= s.max_num_batched_tokens:
+            return False
+        plan = admission(self, self.waiting[0], s.max_num_batched_tokens - num_decode_tokens)
+        return plan is not None and plan[2] + self.extra_blocks(1) <= self.pool.num_free
+
+    def _run_steps(self) -> float:
+        """Steps of the current run done by now, as a real number (work solved for m in
+        ``m a + slope m (m - 1) / 2``)."""
+        k, a, slope = self._run
+        done = self.lane.work_done()
+        if slope > 0:
+            h = a - slope / 2
+            return (-h + math.sqrt(h * h + 2 * slope * done)) / slope
+        return done / a if a > 0 else float(k)
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        """KV blocks in use as of the last step's end (what a load report says)."""
+        if self._job is None:
+            return self.pool.num_in_use
+        if self._job == "step":
+            return self._boundary_in_use  # before this step took its blocks
+        done = min(self._run[0], math.floor(self._run_steps() + 1e-9))
+        return self.pool.num_in_use + self.extra_blocks(done)
+
+    def _cut_run(self) -> None:
+        """End the run at the end of the step in progress (a command is waiting)."""
+        k, a, slope = self._run
+        m = max(1, min(k, math.ceil(self._run_steps() - 1e-9)))
+        if m == k:
+            return
+        self._run = (m, a, slope)
+        self.lane.set_total(m * a + slope * m * (m - 1) / 2)
+
+    def _end_run(self) -> None:
+        k, a, slope = self._run
+        t0, t1 = self.t_start, self.loop.now
+        b = self.num_decoding
+        taken = self.pool.allocate(self.extra_blocks(k))
+        assert taken, "a decode run outgrew its blocks"
+        work = k * a + slope * k * (k - 1) / 2
+        scale = (t1 - t0) / work if work > 0 else 0.0
+        self.sink.gaps(a * scale, (a + slope * (k - 1)) * scale, k, b)
+        if self.record_tokens:
+            ends, w = [], 0.0
+            for j in range(k):
+                w += a + slope * j
+                ends.append(t0 + w * scale)
+            ends[-1] = t1
+            for seq in self.running:
+                seq.req.token_times.extend(ends)  # type: ignore[union-attr]
+        self.steps += k
+        self.num_steps_run += k
+        self.num_tokens_computed += k * b
+        self.pop_finished()
+
+    def pop_finished(self) -> None:
+        """Decoding requests whose last token came with the step just ended."""
+        fin = self._finish
+        while fin and fin[0][0] <= self.steps:
+            _, _, seq, epoch = heapq.heappop(fin)
+            if epoch != seq.epoch:
+                continue
+            self.stop_decoding(seq)
+            del self.running[seq]
+            self.free_blocks(seq, seq.num_blocks)
+            self.hooks.finished(self, seq)
+
+    # --------------------------------------------------------------- invariants
+    def check_integrity(self) -> None:
+        """Every block has an owner and the decoding aggregate matches its members (call at
+        a step boundary; tests do after every step)."""
+        self.pool.check_integrity()
+        decoding = [s for s in self.running if s.is_decoding]
+        assert len(decoding) == self.num_decoding
+        assert sum(s.offset for s in decoding) == self.sum_offset
+        res = [0] * self.bs
+        for s in decoding:
+            res[s.offset % self.bs] += 1
+        assert res == self.residues
+        assert set(self.prefilling) == {s for s in self.running if not s.is_decoding}
+        private = sum(self.blocks_of(s) - s.num_prefix_blocks for s in self.running)
+        private += sum(s.num_blocks - s.num_prefix_blocks for s in self.held)
+        private += sum(s.num_blocks - s.num_prefix_blocks for s in self.reserved)
+        private += sum(s.num_blocks - s.num_prefix_blocks for s in self.ready)
+        assert private == self.pool.num_used, (private, self.pool.num_used)
+        assert sum(s.host_blocks for s in self.swapped) == self.pool.num_host_used
+        for s in self.running:
+            assert self.blocks_of(s) >= self.pool.blocks_for(self.computed_of(s))
+        assert not any(s.num_blocks for s in self.waiting)
