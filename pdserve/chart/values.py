@@ -89,8 +89,8 @@ class ControlPlane(Closed):
     mode: Literal["static", "redis"] = Field(
         default="static",
         description="static: the router gets the worker Services as --decode/--prefill "
-        "(one worker per pool); redis: workers register in Redis and pools scale (PENDING: "
-        "--redis-url, issue 14)",
+        "(one worker per pool); redis: workers register in Redis (--redis-url, --worker-id) "
+        "and routers follow the registry, so pools scale",
     )
 
 

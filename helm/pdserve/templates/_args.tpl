@@ -4,7 +4,7 @@
 
 {{- define "pdserve.secretDir" -}}/var/run/secrets/pdserve/{{ . }}{{- end -}}
 
-{{/* Redis connection flags (PENDING, issue 14): every role, in redis mode. */}}
+{{/* Redis connection flags: every role, in redis mode. */}}
 {{- define "pdserve.args.redis" -}}
 {{- $r := .Values.redis }}
 - --redis-url
