@@ -11,6 +11,7 @@ if [ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]; then
     echo "fresh_ci: note: uncommitted changes in $src are not part of this run" >&2
 fi
 work=$(mktemp -d /tmp/pdserve-fresh-ci.XXXXXX)
+chmod 755 "$work"  # mktemp makes it 0700: the chart tests run pods as another user (10001)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
 
 python3 -m venv "$work/venv"

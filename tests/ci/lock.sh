@@ -20,6 +20,9 @@ python3 -m pip install --quiet --disable-pip-version-check "${keep[@]}" "${reqs[
     echo "# The one known-good set the test suite runs with: every package, exact versions."
     echo "# Made by tests/ci/lock.sh on $(date -u +%F) with $(python3 --version); tests/ci/install.sh"
     echo "# installs under it (pip -c). Edit by re-running lock.sh, never by hand."
-    python3 -m pip freeze --exclude-editable | sed -E 's/^(torch==[^+]+)\+cpu$/\1/'
+    # --all: setuptools (a runtime dependency: the CPU kernels build with it) is left out of a
+    # plain freeze; pip itself is the installer, not a pin.
+    python3 -m pip freeze --all --exclude-editable | grep -v '^pip==' |
+        sed -E 's/^(torch==[^+]+)\+cpu$/\1/'
 } >"$root/tests/ci/constraints.txt"
 echo "wrote tests/ci/constraints.txt ($(grep -vc '^#' "$root/tests/ci/constraints.txt") pins)"

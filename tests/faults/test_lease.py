@@ -53,15 +53,16 @@ def _assert_all_match_hf(model: Path, prompts: list[list[int]], outs: list[Outco
 
 
 def test_a_prefill_queue_longer_than_the_lease_fails_nothing(llama: Path) -> None:
-    # Prefill computes 8 tokens a step: 24 prompts of 100-300 tokens keep it busy for several
-    # leases, while decode has room for all of them at once.
-    prompts = random_prompts(24, 800, 100, 300, seed=120)
+    # Prefill computes 4 tokens a step: 32 prompts of 150-300 tokens are ~1,800 steps, several
+    # leases even with the compiled CPU kernels on a quiet machine (~2 ms a step), while
+    # decode has room for all of them at once.
+    prompts = random_prompts(32, 800, 150, 300, seed=120)
     with start_cluster(
         llama,
         router_args=["--stall-timeout-s", str(STALL_S)],
         decode_args=["--kv-lease-s", str(LEASE_S), *HEARTBEAT],
-        prefill_args=["--max-num-batched-tokens", "8"],
-        num_kv_blocks=512,
+        prefill_args=["--max-num-batched-tokens", "4"],
+        num_kv_blocks=1024,
     ) as cluster:
         outs, seconds = _run_all(cluster.router.grpc_address, prompts)
         _assert_all_match_hf(llama, prompts, outs)
