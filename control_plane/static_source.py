@@ -106,7 +106,9 @@ class StaticClusterSource:
                 logger.warning("%s worker at %s is not usable: %s", t.role, t.address, why)
             t.reachable = False
             if t.info is not None:
-                self.view.mark_failed(t.info.worker_id, for_s=self._poll_s * 3)
+                # Out of routing until it answers again (a stopped worker's polls hang for
+                # the call timeout, longer than any fixed window).
+                self.view.mark_failed(t.info.worker_id, for_s=float("inf"))
 
     async def _learn(self, t: _Target) -> None:
         info = await t.client.info()
