@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pdserve.metrics.families import Families
 from router.cluster_router import ClusterRouter
 
 
@@ -38,15 +39,8 @@ class ClusterCollector:
             decisions.add_metric([*values, reason], n)
         yield decisions
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=names)
-            c.add_metric(values, value)
-            return c
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=names)
-            g.add_metric(values, value)
-            return g
+        families = Families(names, values)
+        gauge, counter = families.gauge, families.counter
 
         yield counter(
             "pdserve_router_cross_router_conflicts",

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from engine.async_engine import AsyncEngine
-from pdserve.metrics.families import HistogramFamily
+from pdserve.metrics.families import Families, HistogramFamily
 
 
 class EngineCollector:
@@ -41,15 +41,8 @@ class EngineCollector:
         requests.add_metric([*values, "waiting_for_remote_kv"], s.num_waiting_for_remote_kv)
         yield requests
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=names)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=names)
-            c.add_metric(values, value)
-            return c
+        families = Families(names, values)
+        gauge, counter = families.gauge, families.counter
 
         yield gauge("pdserve_engine_kv_blocks", "KV blocks in the device pool.", s.num_blocks)
         yield gauge(
