@@ -73,6 +73,9 @@ class PrefillConnector:
         Call on the event loop, before adding the request to the engine."""
         self._loop = asyncio.get_running_loop()
         job = _Job(transfer, self._loop.create_future())
+        # The service may stop awaiting (its call was cancelled) before the job ends with an
+        # error: mark the error seen so asyncio does not log it as never retrieved.
+        job.done.add_done_callback(_observe)
         job.task = asyncio.create_task(self._run(request_id, job), name=f"export-{request_id}")
         self._jobs[request_id] = job
         return job.done
@@ -210,3 +213,8 @@ class PrefillConnector:
                 wake = False
         if wake:
             self._wake()
+
+
+def _observe(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

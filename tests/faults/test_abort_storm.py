@@ -169,5 +169,7 @@ def test_abort_storm_leaks_nothing_and_breaks_no_other_request(llama: Path, tran
     assert len(completed) >= 8
     for plan, out in completed[:8]:
         assert out.token_ids == hf_greedy(llama, plan.prompt, plan.max_tokens), plan.index
-    broken = [line for line in logs.splitlines() if any(b in line for b in BROKEN)]
-    assert not broken, "\n".join(broken[:10])
+    lines = logs.splitlines()
+    broken = [i for i, line in enumerate(lines) if any(b in line for b in BROKEN)]
+    # Each broken line with what follows it (a traceback's frames and its exception).
+    assert not broken, "\n---\n".join("\n".join(lines[i : i + 40]) for i in broken[:3])
