@@ -17,6 +17,7 @@ from kv_transfer.decode_connector import DecodeConnector
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
+from pdserve.tls import CertificateWatch
 from pdserve.worker_process import (
     add_worker_args,
     metrics_port_of,
@@ -24,6 +25,7 @@ from pdserve.worker_process import (
     start_grpc_server,
     wait_for_stop_signal,
 )
+from pdserve.worker_security import NO_SECURITY, WorkerSecurity
 from protos.pdserve.v1 import worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -39,22 +41,37 @@ async def serve(
     kv_port: int,
     metrics_port: int | None = 0,
     model_name: str | None = None,
+    security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
-    None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
+    None = off). ``model_name``: the ``model`` label (default: the model folder's name).
+    ``security``: mutual TLS on the gRPC port and the KV listener."""
     connector = DecodeConnector(config.block_size)
     engine = LLMEngine(config, kv_connector=connector)
-    kind = resolve_transport(transport)
+    kind = resolve_transport(security.kv_transport(transport))
+    certificates = CertificateWatch()
     receiver = create_receiver(
-        engine.kv_spec, engine.kv_cache.pool, connector, kind, host=kv_host, port=kv_port
+        engine.kv_spec,
+        engine.kv_cache.pool,
+        connector,
+        kind,
+        host=kv_host,
+        port=kv_port,
+        ssl_context=security.kv_server_context(certificates),
     )
     await receiver.start()
     connector.attach(receiver)
     aengine = AsyncEngine(engine)
     servicer = DecodeWorkerService(aengine, connector, receiver, kind)
     server, bound = await start_grpc_server(
-        worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server,
+        servicer,
+        SERVICE_NAME,
+        host,
+        port,
+        security.server,
     )
+    reload_task = asyncio.create_task(certificates.run())
     print(f"decode worker: grpc {host}:{bound}, kv {receiver.endpoint} ({kind})", flush=True)
     metrics = None
     if metrics_port is not None:
@@ -69,6 +86,7 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"decode worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    reload_task.cancel()
     if metrics is not None:
         metrics.close()
     await server.stop(grace=2.0)
@@ -85,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     prepare_worker_process()
     config = engine_config_from_args(a)
+    try:
+        security = WorkerSecurity.from_args(a)
+        security.kv_transport(a.kv_transport)
+    except ValueError as e:
+        p.error(str(e))
     asyncio.run(
         serve(
             config,
@@ -95,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.kv_port,
             metrics_port_of(a),
             a.served_model_name,
+            security,
         )
     )
     return 0

@@ -66,11 +66,13 @@ def _cmd_serve(a: argparse.Namespace) -> int:
 
 
 def _router_options(a: argparse.Namespace) -> Any:
+    from router.security import RouterSecurity
     from router.server import ServerOptions
 
     if a.max_queue < 1:
         raise ValueError(f"--max-queue must be at least 1, got {a.max_queue}")
     return ServerOptions(
+        security=RouterSecurity.from_args(a),
         host=a.host,
         grpc_port=a.grpc_port,
         http_port=a.http_port,
@@ -94,6 +96,9 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
     try:
         metrics = _router_metrics(a, backend, mode)
         asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -133,6 +138,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         stop_workers,
         wait_healthy,
     )
+    from pdserve.launch_security import WorkerLaunchSecurity
     from router.disaggregated_backend import DisaggregatedBackend
 
     def port_or_free(port: int) -> int:
@@ -153,6 +159,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         print(f"pdserve: {why}", file=sys.stderr)
     procs = []
     try:
+        security = WorkerLaunchSecurity.from_args(a, transport, port_or_free)
+        transport = security.transport
         procs.append(
             start_worker(
                 "decode",
@@ -164,6 +172,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     transport,
                     "--metrics-port",
                     str(a.decode_metrics_port),
+                    *security.decode_argv(),
                 ],
                 decode_cpus,
             )
@@ -179,6 +188,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     str(a.prefill_max_num_batched_tokens),
                     "--metrics-port",
                     str(a.prefill_metrics_port),
+                    *security.prefill_argv(),
                 ],
                 prefill_cpus,
             )
@@ -186,7 +196,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         decode_target = f"{a.worker_host}:{decode_port}"
         prefill_target = f"{a.worker_host}:{prefill_port}"
         for target, proc in ((decode_target, procs[0]), (prefill_target, procs[1])):
-            wait_healthy(target, proc, a.worker_start_timeout_s)
+            wait_healthy(target, proc, a.worker_start_timeout_s, security.router_tls)
         backend = DisaggregatedBackend(
             model,
             [decode_target],
@@ -195,6 +205,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            worker_tls=security.router_tls,
         )
         return _run_router(a, backend, "disaggregated")
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
@@ -207,6 +218,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
 def _cmd_router(a: argparse.Namespace) -> int:
     from engine.demo_model import demo_model_path
     from router.disaggregated_backend import DisaggregatedBackend
+    from router.security import RouterSecurity
 
     try:
         backend = DisaggregatedBackend(
@@ -217,6 +229,7 @@ def _cmd_router(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            worker_tls=RouterSecurity.from_args(a).worker_tls,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -250,6 +263,9 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="decode prefills prompts up to this length itself (0 = always remote)",
     )
+    from router.security import add_security_args
+
+    add_security_args(p)
     slo = p.add_argument_group("SLOs (goodput and SLO-violation metrics)")
     slo.add_argument("--slo-ttft-ms", type=float, default=None, help="time-to-first-token SLO")
     slo.add_argument(

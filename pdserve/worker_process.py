@@ -14,6 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.options import add_engine_args
+from pdserve.tls import ServerTls, add_port
+from pdserve.worker_security import add_tls_args
 
 
 def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -24,6 +26,7 @@ def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
         "--metrics-port", type=int, default=0, help="Prometheus /metrics (0 = free port, -1 = off)"
     )
     p.add_argument("--served-model-name", default=None, help="the metrics' model label")
+    add_tls_args(p)
     add_engine_args(p)
 
 
@@ -41,15 +44,21 @@ def prepare_worker_process() -> None:
 
 
 async def start_grpc_server(
-    add_servicer: Any, servicer: Any, service_name: str, host: str, port: int
+    add_servicer: Any,
+    servicer: Any,
+    service_name: str,
+    host: str,
+    port: int,
+    tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Serve ``servicer`` and grpc.health.v1 (SERVING for "" and ``service_name``) on
-    ``host:port`` (0 = any free port); returns the server and its bound port."""
+    ``host:port`` (0 = any free port); returns the server and its bound port. ``tls``: the
+    port speaks only (mutual) TLS."""
     server = grpc.aio.server()
     add_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", tls)
     await server.start()
     for name in ("", service_name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -16,6 +16,7 @@ from kv_transfer.prefill_connector import PrefillConnector
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
+from pdserve.tls import CertificateWatch
 from pdserve.worker_process import (
     add_worker_args,
     metrics_port_of,
@@ -23,6 +24,7 @@ from pdserve.worker_process import (
     start_grpc_server,
     wait_for_stop_signal,
 )
+from pdserve.worker_security import NO_SECURITY, WorkerSecurity, add_kv_peer_args
 from prefill_service.service import PrefillWorkerService
 from protos.pdserve.v1 import worker_pb2_grpc
 
@@ -36,17 +38,32 @@ async def serve(
     port: int,
     metrics_port: int | None = 0,
     model_name: str | None = None,
+    security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
-    None = off). ``model_name``: the ``model`` label (default: the model folder's name)."""
+    None = off). ``model_name``: the ``model`` label (default: the model folder's name).
+    ``security``: mutual TLS on the gRPC port and to decode's KV listeners; the KV peers
+    tickets may name."""
     connector = PrefillConnector()
     engine = LLMEngine(config, kv_connector=connector)
     aengine = AsyncEngine(engine)
-    sender = KVSender(engine.kv_spec, engine.kv_cache.pool)
+    certificates = CertificateWatch()
+    sender = KVSender(
+        engine.kv_spec,
+        engine.kv_cache.pool,
+        connectors=security.kv_connectors(certificates),
+        peers=security.peers,
+    )
     servicer = PrefillWorkerService(aengine, connector, sender)
     server, bound = await start_grpc_server(
-        worker_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer, SERVICE_NAME, host, port
+        worker_pb2_grpc.add_PrefillWorkerServicer_to_server,
+        servicer,
+        SERVICE_NAME,
+        host,
+        port,
+        security.server,
     )
+    reload_task = asyncio.create_task(certificates.run())
     print(f"prefill worker: grpc {host}:{bound}", flush=True)
     metrics = None
     if metrics_port is not None:
@@ -61,6 +78,7 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"prefill worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    reload_task.cancel()
     if metrics is not None:
         metrics.close()
     await server.stop(grace=2.0)
@@ -71,8 +89,15 @@ async def serve(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdserve prefill", description="run a prefill worker")
     add_worker_args(p, default_port=50071)
+    add_kv_peer_args(p)
     a = p.parse_args(argv)
     prepare_worker_process()
     config = engine_config_from_args(a)
-    asyncio.run(serve(config, a.host, a.port, metrics_port_of(a), a.served_model_name))
+    try:
+        security = WorkerSecurity.from_args(a)
+    except ValueError as e:
+        p.error(str(e))
+    asyncio.run(
+        serve(config, a.host, a.port, metrics_port_of(a), a.served_model_name, security)
+    )
     return 0

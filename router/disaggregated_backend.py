@@ -25,6 +25,7 @@ import grpc
 from engine.block_hash import hash_block_tokens
 from engine.model_card import load_model_card
 from engine.outputs import RequestOutput
+from pdserve.tls import ClientTls, open_channel
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
@@ -58,7 +59,9 @@ class DisaggregatedBackend:
         max_model_len: int | None = None,
         local_prefill_max_tokens: int = 0,
         load_poll_s: float = 0.1,
+        worker_tls: ClientTls | None = None,
     ) -> None:
+        """``worker_tls``: dial the workers over mutual TLS (pdserve.tls)."""
 
         if not decode_targets or not prefill_targets:
             raise ValueError("need at least one decode and one prefill worker")
@@ -88,6 +91,7 @@ class DisaggregatedBackend:
         self._rr = itertools.count()
         self._calls: dict[str, list[Any]] = {}
         self._block_size = block_size
+        self._worker_tls = worker_tls
         self.prefix_index = PrefixIndex()
 
     async def start(self) -> None:
@@ -101,9 +105,8 @@ class DisaggregatedBackend:
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
-    @staticmethod
-    def _open(target: str, stub_cls: Any) -> _Worker:
-        channel = grpc.aio.insecure_channel(target)
+    def _open(self, target: str, stub_cls: Any) -> _Worker:
+        channel = open_channel(target, self._worker_tls)
         return _Worker(target, channel, stub_cls(channel))
 
     # ------------------------------------------------------------------ Backend
