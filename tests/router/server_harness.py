@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ class Server:
     model: str
     lines: list[str]
     colocated: bool = True
+    # httpx options for the harness's own calls (TLS: {"verify": ssl context}).
+    httpx_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_pools(self) -> int:
@@ -34,7 +36,7 @@ class Server:
         return 1 if self.colocated else 2
 
     def health(self) -> dict[str, Any]:
-        r = httpx.get(f"{self.http_url}/health", timeout=10)
+        r = httpx.get(f"{self.http_url}/health", timeout=10, **self.httpx_options)
         r.raise_for_status()
         return dict(r.json())
 
@@ -75,10 +77,17 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
-def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
+def start_server(
+    model: Path,
+    *extra: str,
+    colocated: bool = True,
+    httpx_options: dict[str, Any] | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> Server:
     """Launch on free ports (the server prints them) and wait until /health says ok.
-    ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes).
+    ``httpx_options``: how the harness calls /health (e.g. TLS verification)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
         sys.executable, "-m", "pdserve", "serve", *(["--colocated"] if colocated else []),
@@ -114,7 +123,9 @@ def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
     if not ready.wait(STARTUP_TIMEOUT_S) or "http" not in found:
         _kill_group(proc)
         raise RuntimeError("server did not start:\n" + "".join(lines))
-    server = Server(proc, found["grpc"], found["http"], "tiny", lines, colocated)
+    server = Server(
+        proc, found["grpc"], found["http"], "tiny", lines, colocated, dict(httpx_options or {})
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
