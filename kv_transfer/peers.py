@@ -5,7 +5,7 @@ whoever hands it a ticket picks that endpoint. ``PeerPolicy`` limits it to the r
 decode workers. Entries, any mix:
 
     tcp://10.0.3.7:7100   one endpoint exactly (any scheme, e.g. a ucx:// address too)
-    10.0.3.7:7100         host and port, any scheme with a host (tcp)
+    10.0.3.7:7100         host and port of a tcp:// endpoint
     10.0.3.7, decode-0    a host, any port
     10.0.0.0/16           a network (IPv4 or IPv6), any port
 
@@ -25,9 +25,10 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _host_port(endpoint: str) -> tuple[str, int | None] | None:
-    """``scheme://host:port`` -> ``(host, port)``; None for endpoints without a host (ucx)."""
+    """``tcp://host:port`` -> ``(host, port)``; None for other schemes (a ucx:// endpoint is a
+    worker address, an inproc:// one a name in this process: only exact entries match)."""
     scheme, sep, rest = endpoint.partition("://")
-    if not sep or scheme == "ucx":
+    if not sep or scheme != "tcp":
         return None
     host, sep, port = rest.rpartition(":")
     if not sep or not port.isdigit():
