@@ -28,12 +28,6 @@ PENDING: dict[str, dict[str, int]] = {
         "--redis-url": 14,
         "--redis-password-file": 14,
         "--redis-ca-file": 14,
-        "--api-key-file": 16,
-        "--tls-cert-file": 16,
-        "--tls-key-file": 16,
-        "--worker-tls-ca-file": 16,
-        "--worker-tls-cert-file": 16,
-        "--worker-tls-key-file": 16,
     },
     "worker": {
         "--redis-url": 14,
@@ -41,9 +35,6 @@ PENDING: dict[str, dict[str, int]] = {
         "--redis-ca-file": 14,
         "--worker-id": 14,
         "--shutdown-grace-s": 12,
-        "--tls-ca-file": 16,
-        "--tls-cert-file": 16,
-        "--tls-key-file": 16,
     },
 }
 # `pdserve router` still requires static worker addresses (issue 14 makes them optional).
@@ -53,8 +44,6 @@ ALL_PENDING = {
     "controlPlane": {"mode": "redis"},
     "redis": {"auth": {"existingSecret": "r"}, "tls": {"enabled": True, "existingSecret": "t"}},
     "drain": {"workerGraceFlag": True},
-    "auth": {"apiKeys": {"existingSecret": "k"}},
-    "tls": {"router": {"existingSecret": "a"}, "internal": {"existingSecret": "b"}},
 }
 
 

@@ -9,6 +9,7 @@ import asyncio
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,9 +127,14 @@ def test_a_ticket_outside_the_allowed_peers_is_refused_before_connecting(tmp_pat
         owner = Owner()
         receiver = create_receiver(SPEC, dst, owner, "tcp")
         await receiver.start()
-        accepted = []
+        accepted: list[object] = []
         core_hello = receiver.core.hello
-        receiver.core.hello = lambda h: accepted.append(h) or core_hello(h)  # type: ignore[method-assign]
+
+        def hello(message: Any) -> Any:
+            accepted.append(message)
+            return core_hello(message)
+
+        receiver.core.hello = hello  # type: ignore[method-assign,assignment]
         elsewhere = PeerPolicy.parse(["tcp://127.0.0.1:1", "10.9.0.0/16"])
         sender = KVSender(SPEC, src, peers=elsewhere)
         ticket = receiver.reserve("r", owner.take(2))

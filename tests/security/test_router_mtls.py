@@ -62,13 +62,17 @@ def test_http_needs_a_release_client_certificate_and_a_key(
     server: Server, pki: dict[str, CertFiles]
 ) -> None:
     ca = pki["router"].ca
-    good = httpx.Client(verify=_context(ca, pki["client"]), timeout=60)
+    verify = _context(ca, pki["client"])
     client = openai.OpenAI(
-        base_url=f"{server.http_url}/v1", api_key=KEY, http_client=good, max_retries=0
+        base_url=f"{server.http_url}/v1",
+        api_key=KEY,
+        http_client=openai.DefaultHttpxClient(verify=verify, timeout=60),
+        max_retries=0,
     )
     out = client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0)
     assert out.choices[0].finish_reason in ("length", "stop")
-    assert good.get(f"{server.http_url}/v1/models").status_code == 401  # the key, too
+    no_key = httpx.get(f"{server.http_url}/v1/models", verify=verify, timeout=10)
+    assert no_key.status_code == 401  # the key is needed too
     for who in (None, "foreign", "expired"):
         ctx = _context(ca, pki[who] if who else None)
         with pytest.raises(httpx.TransportError):

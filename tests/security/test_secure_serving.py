@@ -112,7 +112,7 @@ def _client(s: Secured, key: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=f"{s.server.http_url}/v1",
         api_key=key,
-        http_client=httpx.Client(verify=_verify(s.pki), timeout=60),
+        http_client=openai.DefaultHttpxClient(verify=_verify(s.pki), timeout=60),
         max_retries=0,
     )
 
