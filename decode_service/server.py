@@ -8,18 +8,22 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from decode_service.heartbeat import HEARTBEAT_S
 from decode_service.service import DecodeWorkerService
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from kv_transfer import create_receiver, resolve_transport
+from kv_transfer import create_receiver, release_transports, resolve_transport
 from kv_transfer.decode_connector import DecodeConnector
+from kv_transfer.receiver import DEFAULT_LEASE_S
+from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
 from pdserve.tls import CertificateWatch
 from pdserve.worker_process import (
     add_worker_args,
+    drain,
     metrics_port_of,
     prepare_worker_process,
     start_grpc_server,
@@ -41,10 +45,17 @@ async def serve(
     kv_port: int,
     metrics_port: int | None = 0,
     model_name: str | None = None,
+    kv_lease_s: float = DEFAULT_LEASE_S,
+    shutdown_grace_s: float = 5.0,
+    heartbeat_s: float = HEARTBEAT_S,
     security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
+    ``kv_lease_s``: how long a reservation lives without a write or a renewal from prefill.
+    ``heartbeat_s``: a quiet stream sends a heartbeat this often (the router's stall timeout
+    must be well above it). On SIGINT/SIGTERM it drains: NOT_SERVING at once, new requests
+    refused, those in flight get ``shutdown_grace_s``, then end with UNAVAILABLE.
     ``security``: mutual TLS on the gRPC port and the KV listener."""
     connector = DecodeConnector(config.block_size)
     engine = LLMEngine(config, kv_connector=connector)
@@ -57,13 +68,14 @@ async def serve(
         kind,
         host=kv_host,
         port=kv_port,
+        default_lease_s=kv_lease_s,
         ssl_context=security.kv_server_context(certificates),
     )
     await receiver.start()
     connector.attach(receiver)
     aengine = AsyncEngine(engine)
-    servicer = DecodeWorkerService(aengine, connector, receiver, kind)
-    server, bound = await start_grpc_server(
+    servicer = DecodeWorkerService(aengine, connector, receiver, kind, heartbeat_s)
+    server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server,
         servicer,
         SERVICE_NAME,
@@ -86,12 +98,16 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"decode worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    await drain(servicer.drain, health, shutdown_grace_s)
     reload_task.cancel()
-    if metrics is not None:
-        metrics.close()
-    await server.stop(grace=2.0)
+    # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
+    closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
+    await server.stop(grace=0.5)
     await receiver.close()
+    await release_transports()
     await asyncio.to_thread(aengine.shutdown)
+    if closing is not None:
+        await closing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,7 +116,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-transport", default="auto", help="auto | ucx | tcp")
     p.add_argument("--kv-host", default="127.0.0.1")
     p.add_argument("--kv-port", type=int, default=0)
+    p.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=DEFAULT_LEASE_S,
+        help="a reservation is released when prefill neither writes nor renews it for this long",
+    )
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=HEARTBEAT_S,
+        help="a stream with nothing to send sends a heartbeat this often (keep the router's "
+        "--stall-timeout-s well above it)",
+    )
     a = p.parse_args(argv)
+    for flag in ("kv_lease_s", "heartbeat_s"):
+        if getattr(a, flag) <= 0:
+            p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
     prepare_worker_process()
     config = engine_config_from_args(a)
     try:
@@ -118,7 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.kv_port,
             metrics_port_of(a),
             a.served_model_name,
+            a.kv_lease_s,
+            a.shutdown_grace_s,
+            a.heartbeat_s,
             security,
         )
     )
+    exit_now(0)
     return 0

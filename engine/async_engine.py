@@ -93,8 +93,9 @@ class AsyncEngine:
     def __init__(
         self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None
     ) -> None:
-        """``on_step(engine)`` runs on the engine thread after every step (a worker moves the
-        engine's prefix-cache events to the control plane there); it must be quick."""
+        """``on_step(engine)`` runs on the engine thread after every step and after every batch
+        of commands (a worker moves the engine's prefix-cache events to the control plane
+        there); it must be quick."""
         self.engine = engine
         engine.set_wakeup(self._wake)
         self._on_step = on_step
@@ -210,6 +211,8 @@ class AsyncEngine:
             if stopping:
                 self._close_all()
                 break
+            if commands:  # they may have changed the cache (an abort frees blocks)
+                self._run_hook()
             if self._has_work():
                 busy = True
                 try:
@@ -220,11 +223,7 @@ class AsyncEngine:
                     self.stats = self._snapshot()
                 else:
                     self.stats = self._snapshot()  # before delivery: a reader sees this step
-                    if self._on_step is not None:  # before delivery: hook effects come first
-                        try:
-                            self._on_step(engine)
-                        except Exception:
-                            logger.exception("on_step hook failed")
+                    self._run_hook()  # before delivery: hook effects come first
                     self._deliver(outputs)
             else:
                 if busy:  # just went idle: the cheap moment to check the pool's invariants
@@ -239,6 +238,13 @@ class AsyncEngine:
         """The KV connector has news (any thread): step even if nothing else is pending."""
         with self._cond:
             self._cond.notify()
+
+    def _run_hook(self) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step(self.engine)
+            except Exception:
+                logger.exception("on_step hook failed")
 
     def _execute(self, command: _Command, stopping: bool) -> None:
         if isinstance(command, _Add):

@@ -281,6 +281,10 @@ class BlockManager:
         assert len(host_used) + len(self._host_free) == self.num_host_blocks
         assert not set(self._tables) & set(self._host_tables), "request on device and host"
 
+    def owners(self) -> set[str]:
+        """Ids of the requests holding device or host blocks (a copy)."""
+        return set(self._tables) | set(self._host_tables)
+
     def is_idle(self) -> bool:
         """True when no request holds any block (cached free blocks are fine)."""
         return not self._tables and not self._host_tables and len(self._free) == self.num_blocks

@@ -278,14 +278,12 @@ class LLMEngine:
         )
 
     def check_invariants(self) -> bool:
-        """Check the block manager's integrity, and when the engine is idle that every block
-        is free. Never raises: a failure is logged and counted (``stats()``); returns
+        """``check_integrity`` (block accounting, no orphaned owner, every block free when
+        idle). Never raises: a failure is logged and counted (``stats()``); returns
         whether the checks passed."""
         self._num_invariant_checks += 1
         try:
-            self.block_manager.check_integrity()
-            if not self.scheduler.requests and not self.scheduler.delayed_free:
-                assert self.block_manager.is_idle(), "idle engine still holds blocks"
+            self.check_integrity()
         except AssertionError as e:
             self._num_invariant_failures += 1
             logger.error("engine invariant violated: %s", e)
@@ -299,6 +297,19 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the block manager's accounting holds and every request
+        holding blocks is one the engine still tracks (in the scheduler, or finished with its
+        blocks kept for the KV connector): no block is owned by a forgotten request."""
+        self.block_manager.check_integrity()
+        known = set(self.scheduler.requests) | set(self.scheduler.delayed_free)
+        orphans = self.block_manager.owners() - known
+        assert not orphans, f"blocks held by requests the engine forgot: {sorted(orphans)}"
+        unfinished = set(self._tracked) - set(self.scheduler.requests)
+        assert not unfinished, f"outputs tracked for requests not in the scheduler: {unfinished}"
+        if not self.scheduler.requests and not self.scheduler.delayed_free:
+            assert self.block_manager.is_idle(), "idle engine still holds blocks"
 
     @property
     def num_unfinished_requests(self) -> int:

@@ -30,6 +30,7 @@ from kv_transfer.factory import (
     available_transports,
     create_receiver,
     is_ucx_available,
+    release_transports,
     resolve_transport,
 )
 from kv_transfer.metrics import MetricsSnapshot, TransferMetrics
@@ -58,5 +59,6 @@ __all__ = [
     "available_transports",
     "create_receiver",
     "is_ucx_available",
+    "release_transports",
     "resolve_transport",
 ]

@@ -28,6 +28,13 @@ from kv_transfer.reservations import CompletedTransfer, ReleaseReason
 from kv_transfer.ticket import ReservationTicket
 from kv_transfer.transport import KVReceiver
 
+_WHY = {
+    ReleaseReason.EXPIRED: "the prefill worker neither sent KV nor renewed the lease in time",
+    ReleaseReason.PEER_LOST: "the connection to the prefill worker was lost",
+    ReleaseReason.ABORTED: "the prefill worker aborted it",
+    ReleaseReason.CLOSED: "the decode worker is shutting down",
+}
+
 _TicketWaiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[ReservationTicket]"]
 
 
@@ -153,7 +160,8 @@ class DecodeConnector:
                 self._freeable.add(request_id)
             else:
                 self._failed[request_id] = (
-                    f"KV transfer for {request_id} ended before completion: {reason.value}"
+                    f"KV transfer for {request_id} ended before completion: {reason.value} "
+                    f"({_WHY[reason]})"
                 )
         self._wake()
 

@@ -54,9 +54,10 @@ def create_receiver(
     ssl_context: ssl.SSLContext | None = None,
 ) -> ReceiverBase:
     """The decode worker's receiver for ``transport``; call ``await receiver.start()`` on the
-    event loop that will serve it. ``host``/``port`` apply to TCP, ``name`` to in-process.
-    ``ssl_context`` (TCP only: mutual TLS on every KV connection) makes any other transport
-    an error: UCX and in-process connections carry no certificate."""
+    event loop that will serve it. ``host``: the interface it listens on (TCP and UCX);
+    ``port`` applies to TCP, ``name`` to in-process. ``ssl_context`` (TCP only: mutual TLS
+    on every KV connection) makes any other transport an error: UCX and in-process
+    connections carry no certificate."""
     kind = resolve_transport(transport)
     if ssl_context is not None and kind != "tcp":
         raise ValueError(
@@ -75,11 +76,12 @@ def create_receiver(
         return InprocReceiver(spec, pool, owner, name=name, **common)
     from kv_transfer.ucx import UcxReceiver
 
-    return UcxReceiver(spec, pool, owner, **common)
+    return UcxReceiver(spec, pool, owner, host=host, **common)
 
 
-def default_connectors() -> list[Connector]:
-    """A connector for every available scheme (UCX is initialised lazily, on first connect)."""
+def default_connectors(host: str = "127.0.0.1") -> list[Connector]:
+    """A connector for every available scheme (UCX is initialised lazily, on first connect;
+    its listener, which receivers connect back to, is kept on ``host``'s interface)."""
     from kv_transfer.inproc import InprocConnector
     from kv_transfer.tcp import TcpConnector
 
@@ -87,5 +89,17 @@ def default_connectors() -> list[Connector]:
     if is_ucx_available():
         from kv_transfer.ucx import UcxConnector
 
-        connectors.append(UcxConnector())
+        connectors.append(UcxConnector(host))
     return connectors
+
+
+async def release_transports() -> None:
+    """Stop the process-wide machinery of the transports (UCX's notifier thread, without
+    which the process cannot exit). Call once at exit, after closing every receiver and
+    sender; a no-op for transports never used."""
+    if is_ucx_available():
+        import sys
+
+        ucx = sys.modules.get("kv_transfer.ucx")
+        if ucx is not None:
+            await ucx.release()

@@ -6,12 +6,18 @@ with the last blocks, and tells the scheduler when the blocks may be reused.
     engine thread                         the service's event loop: one job per request
     ─────────────                         ─────────────────────────────────────────────
     save_kv(saves) ──call_soon_threadsafe──▶ push(blocks)  ... finish(last blocks, token)
-    request_finished ─▶ True (delay free)    renew decode's lease while the prompt waits
+    request_finished ─▶ True (delay free)    renew decode's lease while the prompt waits,
+                                            as long as the engine keeps stepping
     get_finished() ◀── wake() ◀── freeable   ended (finished, failed, cancelled) and no push
                                             reads the blocks any more
 
 Ownership: a request's blocks are freed only when both the scheduler has finished the request
 and its job has ended; whichever comes second frees them.
+
+Leases: decode releases a reservation nobody writes to or renews for one lease, and a prompt
+may wait in this worker's queue far longer than that; so a job renews every third of a lease
+while it waits, but only while the engine makes progress (``watch_engine``): a hung engine
+stops renewing, the job fails, and decode reclaims its blocks within a lease.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from kv_transfer.sender import OutgoingTransfer
 logger = logging.getLogger(__name__)
 
 
+class EngineStalledError(RuntimeError):
+    """The engine made no step for a whole lease while a job waited: stop keeping decode's
+    blocks for it."""
+
+
 @dataclass
 class _Job:
     transfer: OutgoingTransfer
@@ -46,6 +57,7 @@ class PrefillConnector:
         """``renew_every_s``: renew decode's lease this often while a job waits for its
         prompt's first blocks (default: a third of the ticket's lease)."""
         self._renew_every_s = renew_every_s
+        self._num_steps: Callable[[], int] | None = None
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,6 +85,10 @@ class PrefillConnector:
             # A sentinel, not task.cancel(): a task cancelled before it first runs would skip
             # its clean-up (the abort that tells decode, and freeing the blocks).
             job.saves.put_nowait(None)
+
+    def watch_engine(self, num_steps: Callable[[], int]) -> None:
+        """Renew leases only while ``num_steps()`` (the engine's step count) keeps moving."""
+        self._num_steps = num_steps
 
     # ------------------------------------------------------------------ scheduler side
     def set_wakeup(self, wake: Callable[[], None]) -> None:
@@ -128,12 +144,20 @@ class PrefillConnector:
         transfer = job.transfer
         ticket = transfer.ticket
         renew_s = self._renew_every_s or max(0.05, ticket.lease_s / 3)
+        loop = asyncio.get_running_loop()
+        steps, progressed = self._steps(), loop.time()
         finished = False
         try:
             while True:
                 try:
                     save = await asyncio.wait_for(job.saves.get(), renew_s)
                 except TimeoutError:
+                    if (now_steps := self._steps()) != steps:
+                        steps, progressed = now_steps, loop.time()
+                    elif self._num_steps and loop.time() - progressed >= ticket.lease_s:
+                        raise EngineStalledError(
+                            f"the prefill engine made no progress for {ticket.lease_s:g}s"
+                        ) from None
                     await transfer.renew()  # the prompt still waits: keep decode's blocks
                     continue
                 if save is None:
@@ -158,7 +182,7 @@ class PrefillConnector:
                 if not job.done.done():
                     job.done.set_result(None)
                 return
-        except (KVTransferError, ValueError) as e:
+        except (KVTransferError, ValueError, EngineStalledError) as e:
             if not job.done.done():
                 job.done.set_exception(e)
         except asyncio.CancelledError:  # the event loop is shutting down
@@ -171,6 +195,9 @@ class PrefillConnector:
                 await asyncio.shield(transfer.abort("prefill did not finish"))
             self._jobs.pop(request_id, None)
             self._job_ended(request_id)
+
+    def _steps(self) -> int:
+        return self._num_steps() if self._num_steps is not None else 0
 
     def _job_ended(self, request_id: str) -> None:
         with self._lock:

@@ -33,7 +33,7 @@ from kv_transfer.ticket import ReservationTicket
 from kv_transfer.wire import ack
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
-DEFAULT_LEASE_S = 30.0
+DEFAULT_LEASE_S = 10.0  # prefill renews it every third while it works on a request
 
 _log = logging.getLogger(__name__)
 
@@ -223,6 +223,9 @@ class ReceiverBase:
 
     def abort(self, request_id: str) -> bool:
         return self.core.table.abort(request_id)
+
+    def check_integrity(self) -> None:
+        self.core.table.check_integrity()
 
     def num_reservations(self) -> int:
         return len(self.core.table)

@@ -70,7 +70,21 @@ class OutgoingTransfer:
         expected), ``PeerLostError`` or ``TransferTimeoutError``, and the transfer is then over.
         Call from the event loop's thread."""
         indices, src = self._check(block_indices, src_block_ids)
-        task = asyncio.ensure_future(self._send(indices, src, is_last=False))
+        return self._start_send(indices, src, is_last=False)
+
+    def _start_send(
+        self,
+        block_indices: list[int],
+        src_block_ids: list[int],
+        is_last: bool,
+        first_token_id: int = 0,
+        first_token_logprob: float = 0.0,
+    ) -> asyncio.Task[None]:
+        # Every send that reads source blocks is a task in _pending, so abort() can wait for
+        # it even when the coroutine that started it was cancelled.
+        task = asyncio.ensure_future(
+            self._send(block_indices, src_block_ids, is_last, first_token_id, first_token_logprob)
+        )
         self._pending.add(task)
         task.add_done_callback(self._push_done)
         return task
@@ -90,16 +104,13 @@ class OutgoingTransfer:
         """The final message (optionally with the last blocks): waits for this transfer's
         earlier pushes (re-raising the first failure), then tells decode the first sampled
         token. Returns when decode has every expected block; raises
-        ``TransferIncompleteError`` if some were never pushed."""
+        ``TransferIncompleteError`` if some were never pushed. Cancelling the caller does not
+        cut the final message: ``abort`` then waits for it."""
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
         indices, src = self._check(block_indices, src_block_ids)
-        await self._send(
-            indices,
-            src,
-            is_last=True,
-            first_token_id=first_token_id,
-            first_token_logprob=first_token_logprob,
+        await asyncio.shield(
+            self._start_send(indices, src, True, first_token_id, first_token_logprob)
         )
         self._finished = True
         self._done()
@@ -108,7 +119,9 @@ class OutgoingTransfer:
         self._sender.metrics.record_transfer(seconds, self._bytes)
 
     async def renew(self) -> None:
-        """Extend decode's lease (e.g. while this request waits in the prefill queue)."""
+        """Extend decode's lease (e.g. while this request waits in the prefill queue). Raises
+        ``TransferRefusedError`` when decode no longer holds the reservation (it expired, or
+        decode aborted it), ``PeerLostError`` or ``TransferTimeoutError``."""
         frame = pb.KVFrame(
             renew=pb.KVRenew(request_id=self.ticket.request_id, token=self.ticket.token)
         )
@@ -226,12 +239,14 @@ class KVSender:
         metrics: TransferMetrics | None = None,
         timeout_s: float | None = None,
         connectors: Sequence[Connector] | None = None,
+        host: str = "127.0.0.1",
         peers: PeerPolicy | None = None,
     ) -> None:
         """``pool``: this worker's KV pool (see kv_transfer.pool). ``timeout_s``: deadline of
         each wait; defaults to the ticket's lease (decode frees the blocks after it anyway).
-        ``connectors``: the transports to use by scheme; default: every available one.
-        ``peers``: the only endpoints tickets may name (default: any)."""
+        ``connectors``: the transports to use by scheme; default: every available one, with
+        any listener of theirs on ``host``. ``peers``: the only endpoints tickets may name
+        (default: any)."""
         from kv_transfer.factory import default_connectors
 
         self.spec = spec
@@ -239,7 +254,7 @@ class KVSender:
         self.metrics = metrics or TransferMetrics()
         self._timeout_s = timeout_s
         self._compatibility = compatibility_of(spec)
-        self._connectors = {c.scheme: c for c in (connectors or default_connectors())}
+        self._connectors = {c.scheme: c for c in (connectors or default_connectors(host))}
         self._channels: dict[str, Channel] = {}
         self._connecting: dict[str, asyncio.Future[Channel]] = {}
         self._active: set[OutgoingTransfer] = set()

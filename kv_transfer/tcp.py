@@ -214,6 +214,7 @@ class TcpChannel:
         self._replies: dict[int, asyncio.Future[pb.KVFrame]] = {}
         self._error: Exception | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._exchanges: set[asyncio.Future[pb.KVFrame]] = set()
 
     @property
     def is_closed(self) -> bool:
@@ -236,6 +237,22 @@ class TcpChannel:
     ) -> pb.KVFrame:
         if self._error is not None:
             raise PeerLostError(str(self._error))
+        # The exchange runs on its own: a caller cancelled mid-frame must not cut the frame
+        # (that would desynchronize the connection every other transfer shares). It ends by
+        # itself: with the reply (then dropped), or at its deadline.
+        exchange = asyncio.ensure_future(self._exchange(frame, payload, timeout))
+        self._exchanges.add(exchange)
+        exchange.add_done_callback(self._exchange_done)
+        return await asyncio.shield(exchange)
+
+    def _exchange_done(self, exchange: asyncio.Future[pb.KVFrame]) -> None:
+        self._exchanges.discard(exchange)
+        if not exchange.cancelled():
+            exchange.exception()  # retrieved here when its caller is gone
+
+    async def _exchange(
+        self, frame: pb.KVFrame, payload: Sequence[np.ndarray], timeout: float
+    ) -> pb.KVFrame:
         seq = next(self._seq)
         frame.seq = seq
         reply: asyncio.Future[pb.KVFrame] = self._loop.create_future()
@@ -290,6 +307,8 @@ class TcpChannel:
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
+        # Failed above: each exchange ends at once (its reply fails, its write errors).
+        await asyncio.gather(*self._exchanges, return_exceptions=True)
         self._stream.close()
 
 

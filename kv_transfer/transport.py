@@ -50,6 +50,9 @@ class KVReceiver(Protocol):
     def abort(self, request_id: str) -> bool:
         """Release the reservation now (idempotent). Thread-safe."""
 
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the reservation table's invariants hold."""
+
     def num_reservations(self) -> int: ...
 
     async def close(self) -> None:

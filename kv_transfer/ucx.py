@@ -6,6 +6,9 @@ Why it is built this way (facts measured on a 2-core VM without GPU):
   then uses shared memory (sysv + cma) between processes on one host, ~3-7 GB/s. A listener
   with error handling picks only ``tcp/lo`` (~0.45 GB/s, slower than our TCP transport).
 * ucxx is imported and initialised lazily, in the process that uses it, never before a fork.
+  Its TCP listeners are kept on the configured host's interface (``UCX_NET_DEVICES``, unless
+  set already): by default loopback, like every other pdserve listener. Its notifier thread
+  must be stopped before the process can exit (``release``).
 * Without error handling UCX does not report a dead peer. Every wait has a deadline instead;
   a timed-out or failed channel aborts its endpoint, which cancels the requests still posted on
   it, so no late byte is read from (or written into) a pool after the call gave up.
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from kv_transfer.errors import IncompatiblePeerError, PeerLostError, TransferTimeoutError
+from kv_transfer.netif import interface_of
 from kv_transfer.receiver import PushPlan, ReceiverBase
 from kv_transfer.wire import HEADER_PREFIX
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
@@ -48,12 +52,32 @@ _TAG_MASK = (1 << 32) - 1
 _ACK_TIMEOUT_S = 5.0
 
 
-def _ucxx() -> Any:
+_started = False
+
+
+def _ucxx(host: str) -> Any:
+    """ucxx, initialised on first use with its network devices limited to ``host``'s."""
+    global _started
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    if not _started:
+        device = interface_of(host)
+        if device is not None:
+            os.environ.setdefault("UCX_NET_DEVICES", device)
     import ucxx
 
     ucxx.continuous_ucx_progress()
+    _started = True
     return ucxx
+
+
+async def release() -> None:
+    """Stop this process's UCX notifier thread (a non-daemon thread: the process cannot exit
+    while it runs). Call once, at exit, after every receiver and channel is closed; a no-op
+    when UCX was never used here."""
+    if _started:
+        import ucxx
+
+        await asyncio.to_thread(ucxx.stop_notifier_thread)
 
 
 def _pack(frame: pb.KVFrame) -> np.ndarray:
@@ -81,14 +105,15 @@ class UcxReceiver(ReceiverBase):
 
     scheme = "ucx"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, host: str = "127.0.0.1", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._host = host
         self._peers: dict[int, Any] = {}  # sender_id -> ucxx endpoint back to the sender
         self._listen_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _start_transport(self) -> None:
-        ucxx = _ucxx()
+        ucxx = _ucxx(self._host)
         self._ucxx = ucxx
         self._endpoint = "ucx://" + bytes(ucxx.get_worker_address()).hex()
         self._listen_task = asyncio.create_task(self._listen())
@@ -220,6 +245,7 @@ class UcxChannel:
         self._tags = itertools.count(1)
         self._replies: dict[int, asyncio.Future[pb.KVFrame]] = {}
         self._error: Exception | None = None
+        self._exchanges: set[asyncio.Future[pb.KVFrame]] = set()
         self._reader = asyncio.create_task(self._read_replies())
 
     @property
@@ -231,6 +257,23 @@ class UcxChannel:
     ) -> pb.KVFrame:
         if self._error is not None:
             raise PeerLostError(str(self._error))
+        # The exchange runs on its own: a caller cancelled half way (header sent, payload
+        # not) must not abort the endpoint every other transfer shares, nor leave the
+        # receiver's posted receives waiting. It ends by itself: with the reply (then
+        # dropped), or at its deadline.
+        exchange = asyncio.ensure_future(self._exchange(frame, payload, timeout))
+        self._exchanges.add(exchange)
+        exchange.add_done_callback(self._exchange_done)
+        return await asyncio.shield(exchange)
+
+    def _exchange_done(self, exchange: asyncio.Future[pb.KVFrame]) -> None:
+        self._exchanges.discard(exchange)
+        if not exchange.cancelled():
+            exchange.exception()  # retrieved here when its caller is gone
+
+    async def _exchange(
+        self, frame: pb.KVFrame, payload: Sequence[np.ndarray], timeout: float
+    ) -> pb.KVFrame:
         seq = next(self._seq)
         frame.seq = seq
         frame.sender_id = self._sender_id
@@ -241,6 +284,7 @@ class UcxChannel:
             frame.push.payload_tag = (self._sender_id << 32) | (first & _TAG_MASK)
         reply: asyncio.Future[pb.KVFrame] = self._loop.create_future()
         self._replies[seq] = reply
+        payload_posted = False
         try:
             async with asyncio.timeout(timeout):
                 await self._ep.send(_pack(frame), tag=CONTROL_TAG, force_tag=True)
@@ -253,6 +297,7 @@ class UcxChannel:
                 reply = self._loop.create_future()
                 self._replies[seq] = reply
                 tag = frame.push.payload_tag
+                payload_posted = True
                 await asyncio.gather(
                     *(
                         self._ep.send(span, tag=tag + k, force_tag=True)
@@ -261,11 +306,14 @@ class UcxChannel:
                 )
                 return await reply
         except TimeoutError as e:
-            # Sends may still be posted: abort the endpoint so UCX stops reading the pool.
-            self._fail(TransferTimeoutError(f"no reply within {timeout:.1f}s"))
+            if payload_posted:
+                # Sends may still be posted: abort the endpoint so UCX stops reading the pool.
+                self._fail(TransferTimeoutError(f"no reply within {timeout:.1f}s"))
+            # A control message alone reads only its own buffer: a late reply is dropped.
             raise TransferTimeoutError(f"no reply within {timeout:.1f}s") from e
         except asyncio.CancelledError:
-            self._fail(PeerLostError("call cancelled"))
+            # Only close() cancels an exchange (it failed the channel first).
+            self._fail(PeerLostError("channel closed"))
             raise
         except PeerLostError:
             raise
@@ -311,14 +359,19 @@ class UcxChannel:
     async def close(self) -> None:
         self._fail(PeerLostError("channel closed"))
         self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        for exchange in list(self._exchanges):
+            exchange.cancel()  # the endpoint is aborted: nothing more moves on it
+        await asyncio.gather(self._reader, *self._exchanges, return_exceptions=True)
 
 
 class UcxConnector:
     scheme = "ucx"
 
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host  # where this process's UCX listens (decode connects back to it)
+
     async def connect(self, endpoint: str, hello: pb.KVHello, timeout: float) -> UcxChannel:
-        ucxx = _ucxx()
+        ucxx = _ucxx(self._host)
         try:
             address = bytes.fromhex(endpoint.removeprefix("ucx://"))
         except ValueError as e:
@@ -336,5 +389,9 @@ class UcxConnector:
             raise PeerLostError(f"cannot reach {endpoint[:40]}...: {e!r}") from e
         hello.reply_address = bytes(ucxx.get_worker_address())
         channel = UcxChannel(ucxx, ep, hello.sender_id)
-        await channel.handshake(hello, timeout)
+        try:
+            await channel.handshake(hello, timeout)
+        except BaseException:
+            await channel.close()  # its reader task and endpoint go with it
+            raise
         return channel

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pdserve.options import add_engine_args, config_to_argv, engine_config_from_args
@@ -82,7 +82,9 @@ def _router_options(a: argparse.Namespace) -> Any:
     )
 
 
-def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
+def _run_router(
+    a: argparse.Namespace, backend: Any, mode: str, on_drained: Callable[[], None] | None = None
+) -> int:
     import asyncio
 
     from router.server import serve_router
@@ -95,7 +97,7 @@ def _run_router(a: argparse.Namespace, backend: Any, mode: str) -> int:
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, _router_options(a), ready, metrics))
+        asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drained))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -136,6 +138,7 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
         serve_kv_transport,
         start_worker,
         stop_workers,
+        terminate,
         wait_healthy,
     )
     from pdserve.launch_security import WorkerLaunchSecurity
@@ -149,7 +152,11 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             return int(sock.getsockname()[1])
 
     model = a.model or str(demo_model_path())  # build the demo once, before the children
-    common = config_to_argv(engine_config_from_args(a), exclude=("model",))
+    common = [
+        *config_to_argv(engine_config_from_args(a), exclude=("model",)),
+        "--shutdown-grace-s",
+        str(a.shutdown_grace_s),
+    ]
     if a.served_model_name:  # the workers' metrics label: the first name
         common += ["--served-model-name", a.served_model_name[0]]
     decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
@@ -170,6 +177,8 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
                     *common,
                     "--kv-transport",
                     transport,
+                    "--kv-lease-s",
+                    str(a.kv_lease_s),
                     "--metrics-port",
                     str(a.decode_metrics_port),
                     *security.decode_argv(),
@@ -205,14 +214,17 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
             worker_tls=security.router_tls,
         )
-        return _run_router(a, backend, "disaggregated")
+        # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
+        # then the workers, with nothing left in flight, stop alongside the router's servers.
+        return _run_router(a, backend, "disaggregated", on_drained=lambda: terminate(procs))
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        stop_workers(procs)
+        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)  # idle: they stop at once
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
@@ -229,6 +241,7 @@ def _cmd_router(a: argparse.Namespace) -> int:
             block_size=a.block_size,
             max_model_len=a.max_model_len,
             local_prefill_max_tokens=a.local_prefill_max_tokens,
+            stall_timeout_s=a.stall_timeout_s,
             worker_tls=RouterSecurity.from_args(a).worker_tls,
         )
     except (ValueError, FileNotFoundError) as e:
@@ -256,7 +269,20 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="a name clients use for the model (repeat for aliases; the first is the primary; "
         "the --model path is accepted too); default: the model folder name",
     )
-    api.add_argument("--shutdown-grace-s", type=float, default=5.0)
+    api.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=5.0,
+        help="on SIGTERM/Ctrl-C, requests in flight get this long to finish (then a clear "
+        "error); new ones are refused at once",
+    )
+    api.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=10.0,
+        help="fail a request whose decode worker sends neither a token nor a heartbeat "
+        "(every --heartbeat-s, 1 s by default) for this long",
+    )
     api.add_argument(
         "--local-prefill-max-tokens",
         type=int,
@@ -296,6 +322,12 @@ def _add_serve_parser(sub: Any) -> None:
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
     workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
     workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
+    workers.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=10.0,
+        help="decode releases a reservation prefill neither writes nor renews for this long",
+    )
     workers.add_argument(
         "--decode-metrics-port", type=int, default=0, help="0 = any free port, -1 = off"
     )
@@ -353,7 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(argv[1:])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    code = int(args.func(args))
+    if args.command in ("serve", "router"):
+        from pdserve.fast_exit import exit_now
+
+        exit_now(code)  # stopped and drained (workers too): skip seconds of torch teardown
+    return code
 
 
 if __name__ == "__main__":

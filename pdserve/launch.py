@@ -54,11 +54,27 @@ def start_worker(
     if cpus:
         env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
 
-    def pin() -> None:
+    def prepare() -> None:  # in the child, before exec
+        # Its own process group: Ctrl-C reaches only ``pdserve serve``, which drains the
+        # router first and then stops its workers (with nothing left in flight).
+        os.setpgrp()
+        _die_with_parent()
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    return subprocess.Popen(cmd, env=env, preexec_fn=pin if cpus else None)
+    return subprocess.Popen(cmd, env=env, preexec_fn=prepare)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies (a killed ``pdserve serve`` leaves no
+    worker behind; SIGTERM lets it drain)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def wait_healthy(
@@ -84,10 +100,16 @@ def wait_healthy(
     raise TimeoutError(f"worker at {target} not healthy within {timeout_s:.0f}s")
 
 
-def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+def terminate(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running: each drains and exits by itself."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
+
+
+def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 15.0) -> None:
+    """Terminate the workers and wait; SIGKILL one still alive after ``timeout_s``."""
+    terminate(procs)
     deadline = time.monotonic() + timeout_s
     for p in procs:
         try:

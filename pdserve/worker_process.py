@@ -1,5 +1,5 @@
 """What both worker processes (prefill and decode) share: their common flags, process set-up,
-the gRPC server with grpc.health.v1, and running until SIGINT/SIGTERM."""
+the gRPC server with grpc.health.v1, running until SIGINT/SIGTERM, and draining after it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,6 +18,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pdserve.options import add_engine_args
 from pdserve.tls import ServerTls, add_port
 from pdserve.worker_security import add_tls_args
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
 
 
 def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -26,6 +31,12 @@ def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
         "--metrics-port", type=int, default=0, help="Prometheus /metrics (0 = free port, -1 = off)"
     )
     p.add_argument("--served-model-name", default=None, help="the metrics' model label")
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, requests in flight get this long to finish (then UNAVAILABLE)",
+    )
     add_tls_args(p)
     add_engine_args(p)
 
@@ -50,10 +61,10 @@ async def start_grpc_server(
     host: str,
     port: int,
     tls: ServerTls | None = None,
-) -> tuple[grpc.aio.Server, int]:
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Serve ``servicer`` and grpc.health.v1 (SERVING for "" and ``service_name``) on
-    ``host:port`` (0 = any free port); returns the server and its bound port. ``tls``: the
-    port speaks only (mutual) TLS."""
+    ``host:port`` (0 = any free port); returns the server, its bound port and the health
+    servicer (``drain`` turns it NOT_SERVING). ``tls``: the port speaks only (mutual) TLS."""
     server = grpc.aio.server()
     add_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
@@ -62,7 +73,94 @@ async def start_grpc_server(
     await server.start()
     for name in ("", service_name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    return server, bound, health_servicer
+
+
+class Drain:
+    """The requests a worker serves, and its shutdown in two steps.
+
+    ``begin``: draining — health says NOT_SERVING, GetLoad says ``draining``, new requests
+    are refused with UNAVAILABLE (unless ``serving`` admits them while draining: a prefill
+    for a request the cluster already started). ``stop_all`` (at the grace): every request
+    still in flight ends now with UNAVAILABLE and a message saying why. On the event loop.
+    """
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.is_draining = False
+        self.is_stopping = False
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def message(self) -> str:
+        return f"the {self.who} is shutting down: the request did not finish within its grace"
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._tasks)
+
+    @asynccontextmanager
+    async def serving(
+        self,
+        request_id: str,
+        context: grpc.aio.ServicerContext,
+        admit_while_draining: bool = False,
+    ) -> AsyncIterator[None]:
+        """Around one request's handler: refuses it when draining or when ``request_id`` is
+        already in flight here (INVALID_ARGUMENT: cleanup must never touch another's)."""
+        if self.is_stopping or (self.is_draining and not admit_while_draining):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the {self.who} is shutting down")
+        if request_id in self._tasks:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request_id {request_id!r} is already in flight on this {self.who}",
+            )
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[request_id] = task
+        self._idle.clear()
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self.is_stopping:
+                raise  # the caller cancelled: nobody to tell
+            task.uncancel()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.message)
+        finally:
+            del self._tasks[request_id]
+            if not self._tasks:
+                self._idle.set()
+
+    async def begin(self, health_servicer: health.aio.HealthServicer) -> None:
+        self.is_draining = True
+        await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is in flight; False when ``timeout_s`` passed first."""
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def stop_all(self) -> None:
+        self.is_stopping = True
+        for task in self._tasks.values():
+            task.cancel()
+
+
+async def drain(drain: Drain, health_servicer: health.aio.HealthServicer, grace_s: float) -> None:
+    """Drain a worker: NOT_SERVING now, ``grace_s`` for what is in flight, then stop it."""
+    await drain.begin(health_servicer)
+    if not await drain.wait_idle(grace_s):
+        logging.getLogger(__name__).warning(
+            "%d requests still in flight after %.1fs: stopping them", drain.num_in_flight, grace_s
+        )
+        drain.stop_all()
+        await drain.wait_idle(1.0)
 
 
 async def wait_for_stop_signal() -> None:
@@ -71,3 +169,15 @@ async def wait_for_stop_signal() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def integrity_error(engine: AsyncEngine, *checks: Callable[[], None]) -> str:
+    """Run the engine's ``check_integrity`` on its thread, then each of ``checks`` here; the
+    first broken invariant's message, or "" when all hold (``GetLoad(check_integrity)``)."""
+    try:
+        await engine.call(lambda e: e.check_integrity())
+        for check in checks:
+            check()
+    except AssertionError as e:
+        return f"integrity check failed: {e}" if str(e) else "integrity check failed"
+    return ""

@@ -11,14 +11,16 @@ from pathlib import Path
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from kv_transfer import KVSender
+from kv_transfer import KVSender, release_transports
 from kv_transfer.prefill_connector import PrefillConnector
+from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
 from pdserve.tls import CertificateWatch
 from pdserve.worker_process import (
     add_worker_args,
+    drain,
     metrics_port_of,
     prepare_worker_process,
     start_grpc_server,
@@ -38,24 +40,31 @@ async def serve(
     port: int,
     metrics_port: int | None = 0,
     model_name: str | None = None,
+    shutdown_grace_s: float = 5.0,
+    kv_host: str = "127.0.0.1",
     security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
+    ``kv_host``: the interface of any KV transport listener (UCX connects back to one).
+    On SIGINT/SIGTERM it drains: NOT_SERVING at once, prefills in flight (and those of
+    requests already started) get ``shutdown_grace_s``, then end with UNAVAILABLE.
     ``security``: mutual TLS on the gRPC port and to decode's KV listeners; the KV peers
     tickets may name."""
     connector = PrefillConnector()
     engine = LLMEngine(config, kv_connector=connector)
+    connector.watch_engine(lambda: engine.num_steps)  # renew leases only while it steps
     aengine = AsyncEngine(engine)
     certificates = CertificateWatch()
     sender = KVSender(
         engine.kv_spec,
         engine.kv_cache.pool,
         connectors=security.kv_connectors(certificates),
+        host=kv_host,
         peers=security.peers,
     )
     servicer = PrefillWorkerService(aengine, connector, sender)
-    server, bound = await start_grpc_server(
+    server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_PrefillWorkerServicer_to_server,
         servicer,
         SERVICE_NAME,
@@ -78,17 +87,22 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"prefill worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    await drain(servicer.drain, health, shutdown_grace_s)
     reload_task.cancel()
-    if metrics is not None:
-        metrics.close()
-    await server.stop(grace=2.0)
+    # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
+    closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
+    await server.stop(grace=0.5)
     await sender.close()
+    await release_transports()
     await asyncio.to_thread(aengine.shutdown)
+    if closing is not None:
+        await closing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdserve prefill", description="run a prefill worker")
     add_worker_args(p, default_port=50071)
+    p.add_argument("--kv-host", default="127.0.0.1", help="interface of KV listeners (UCX)")
     add_kv_peer_args(p)
     a = p.parse_args(argv)
     prepare_worker_process()
@@ -98,6 +112,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     asyncio.run(
-        serve(config, a.host, a.port, metrics_port_of(a), a.served_model_name, security)
+        serve(
+            config,
+            a.host,
+            a.port,
+            metrics_port_of(a),
+            a.served_model_name,
+            a.shutdown_grace_s,
+            a.kv_host,
+            security,
+        )
     )
+    exit_now(0)
     return 0

@@ -6,7 +6,9 @@
                     ◀─ first token, once decode holds every block
 
 An exporting request takes its whole prompt's blocks at admission and is never preempted (a
-scheduler rule), and its blocks are freed only once the transfer no longer reads them.
+scheduler rule), and its blocks are freed only once the transfer no longer reads them. While
+the request waits and computes, the connector renews decode's lease. A draining worker still
+takes prefills (each is for a request the cluster started: decode holds its blocks).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from engine.metrics import LATENCY_BUCKETS_S, Histogram
 from engine.outputs import RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError, PeerNotAllowedError
-from kv_transfer.prefill_connector import PrefillConnector
+from kv_transfer.prefill_connector import EngineStalledError, PrefillConnector
 from pdserve.wire import sampling_params_from_proto
+from pdserve.worker_process import Drain, integrity_error
 from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
@@ -50,10 +53,20 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         self._connector = connector
         self._sender = sender
         self._queued_tokens = 0
+        # A draining prefill worker still takes prefills: each is for a request the cluster
+        # has started (decode holds its blocks). Routers stop sending new ones (GetLoad).
+        self.drain = Drain("prefill worker")
         # TTFT stage "kv_transfer": first token sampled -> decode acknowledged the last blocks.
         self.kv_transfer_seconds = Histogram(LATENCY_BUCKETS_S)
 
     async def Prefill(
+        self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.PrefillResponse:
+        async with self.drain.serving(request.request_id, context, admit_while_draining=True):
+            response = await self._prefill(request, context)
+        return response
+
+    async def _prefill(
         self, request: wpb.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> wpb.PrefillResponse:
         started = time.monotonic()
@@ -92,7 +105,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             self.kv_transfer_seconds.observe(time.monotonic() - prompt_done)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except (KVTransferError, asyncio.CancelledError) as e:
+        except (KVTransferError, EngineStalledError, asyncio.CancelledError) as e:
             if isinstance(e, asyncio.CancelledError) and not done.cancelled():
                 raise  # this call was cancelled (the router went away)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
@@ -118,11 +131,17 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         self, request: wpb.GetLoadRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerLoad:
         s = self._engine.stats
-        return wpb.WorkerLoad(
+        load = wpb.WorkerLoad(
             role="prefill",
             num_blocks=s.num_blocks,
             num_free_blocks=s.num_free_blocks,
             num_running_requests=s.num_running,
             num_waiting_requests=s.num_waiting,
             num_queued_prefill_tokens=self._queued_tokens,
+            num_reservations=self._sender.num_active_transfers,
+            draining=self.drain.is_draining,
         )
+        if request.check_integrity:
+            load.integrity_checked = True
+            load.integrity_error = await integrity_error(self._engine)
+        return load

@@ -39,11 +39,11 @@ def build_app(router: Router) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ok = backend.is_healthy()
+        ok = backend.is_healthy() and not router.is_draining
         admission = router.admission
         return JSONResponse(
             {
-                "status": "ok" if ok else "unavailable",
+                "status": "ok" if ok else "draining" if router.is_draining else "unavailable",
                 "model": router.model_name,
                 "load": asdict(backend.load()),
                 "num_inflight_requests": admission.num_inflight,

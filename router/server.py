@@ -61,11 +61,16 @@ async def serve_router(
     options: ServerOptions,
     on_ready: Callable[[str, str], None] | None = None,
     metrics: RouterMetrics | None = None,
+    on_drained: Callable[[], None] | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM, then stop both servers and close the backend.
+    """Serve until SIGINT/SIGTERM, then drain: gRPC health NOT_SERVING and HTTP /health 503
+    at once, new requests refused (503 / UNAVAILABLE), requests in flight given
+    ``options.shutdown_grace_s`` to finish and then failed with a clear error; then stop both
+    servers and close the backend.
 
-    ``on_ready(grpc_address, http_url)`` is called once both servers listen. ``metrics``
-    (default: role "router", no SLOs) is served at ``/metrics`` on the HTTP port.
+    ``on_ready(grpc_address, http_url)`` is called once both servers listen; ``on_drained()``
+    once no request is left in flight (``pdserve serve`` then stops its workers while the
+    servers stop). ``metrics`` (default: role "router", no SLOs) is served at ``/metrics``.
     """
     await backend.start()
     router = Router(backend, Admission(options.max_queue, options.retry_after_s), metrics)
@@ -86,7 +91,8 @@ async def serve_router(
             guard.wrap_http(build_app(router)),
             log_level="warning",
             lifespan="off",
-            timeout_graceful_shutdown=int(options.shutdown_grace_s),
+            # Drained before uvicorn is told to stop: what is left are idle connections.
+            timeout_graceful_shutdown=1,
             **guard.uvicorn_tls(),
         )
     )
@@ -115,12 +121,16 @@ async def serve_router(
         await asyncio.wait({stop_wait, http_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
     finally:
-        logger.info("stopping")
         guard_task.cancel()
+        logger.info("draining for up to %.1fs", options.shutdown_grace_s)
+        router.begin_drain(options.shutdown_grace_s)
+        await grpc_server.health.enter_graceful_shutdown()
+        # Each request in flight ends by the grace (its stream gets the error by then).
+        await router.wait_idle(options.shutdown_grace_s + 1.0)
+        if on_drained is not None:
+            on_drained()
         http.should_exit = True
-        await asyncio.gather(
-            grpc_server.stop(options.shutdown_grace_s), http_task, return_exceptions=True
-        )
+        await asyncio.gather(grpc_server.stop(0.5), http_task, return_exceptions=True)
         await backend.close()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)

@@ -9,12 +9,18 @@
 
 Every refusal is a ``RequestError``; a stream that ends early for any reason (deadline,
 cancellation, disconnect, an error) aborts the backend request, freeing its blocks.
+
+Draining (``begin_drain``, on SIGTERM): new requests are refused with UNAVAILABLE; those in
+flight get the grace, then fail with UNAVAILABLE "shutting down" — an error the front ends
+put in the stream, never a silent cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -31,6 +37,8 @@ from router.metrics import RouterMetrics
 from router.request_limits import RequestLimits
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 class Router:
@@ -59,6 +67,9 @@ class Router:
         self._accepted_names = set(self.served_names)
         if info.model_path:
             self._accepted_names |= {info.model_path, str(Path(info.model_path).resolve())}
+        self._drain_deadline: float | None = None  # event-loop time; set while draining
+        self._grace_s = 0.0
+        self._waits: set[asyncio.Timeout] = set()  # every stream's current wait for output
 
     async def run_tokenizer(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
@@ -75,6 +86,31 @@ class Router:
                 f"({info.max_model_len}) tokens",
                 field,
             )
+
+    @property
+    def is_draining(self) -> bool:
+        return self._drain_deadline is not None
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Refuse new requests from now on; requests in flight fail ``grace_s`` from now
+        unless they finish first (call on the event loop)."""
+        self._grace_s = grace_s
+        self._drain_deadline = asyncio.get_running_loop().time() + grace_s
+        for wait in self._waits:
+            when = wait.when()
+            if when is None or when > self._drain_deadline:
+                with contextlib.suppress(RuntimeError):  # it is expiring already
+                    wait.reschedule(self._drain_deadline)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once no request is in flight; False when ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.admission.num_inflight > 0:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     def check_model(self, requested: str | None) -> None:
         """An empty or missing model name means the served one."""
@@ -228,6 +264,8 @@ class Router:
                 raise bad("stop_token_ids", f"token ids must be in [0, {vocab}), got {t}")
 
     def admit(self) -> Slot:
+        if self.is_draining:
+            raise RequestError(ErrorKind.UNAVAILABLE, "the server is shutting down")
         try:
             return self.admission.acquire()
         except AdmissionRejected as e:
@@ -245,27 +283,48 @@ class Router:
         """Yield the backend's outputs until the finished one.
 
         Raises RequestError: TIMEOUT at the deadline, INVALID if the backend refuses the
-        request, INTERNAL if the engine failed it. Leaving early aborts the request.
+        request, INTERNAL if the engine failed it, UNAVAILABLE when the backend cannot serve
+        it or the server drains past its grace. Leaving early aborts the request.
         """
         loop = asyncio.get_running_loop()
         outputs = self.backend.generate(request)
         record = self.metrics.record(request)
         try:
             while True:
-                remaining = None if deadline is None else deadline - loop.time()
+                until = min(
+                    (t for t in (deadline, self._drain_deadline) if t is not None), default=None
+                )
+                remaining = None if until is None else until - loop.time()
                 try:
                     if remaining is not None and remaining <= 0:
                         raise TimeoutError
-                    async with asyncio.timeout(remaining):
-                        out = await anext(outputs)
+                    async with asyncio.timeout(remaining) as wait:
+                        self._waits.add(wait)
+                        try:
+                            out = await anext(outputs)
+                        finally:
+                            self._waits.discard(wait)
                 except StopAsyncIteration:
                     raise RequestError(ErrorKind.INTERNAL, "the stream ended early") from None
                 except TimeoutError:
+                    if self._drain_deadline is not None and loop.time() >= self._drain_deadline:
+                        raise RequestError(
+                            ErrorKind.UNAVAILABLE,
+                            "the server is shutting down: the request did not finish within "
+                            f"the shutdown grace ({self._grace_s:g}s)",
+                        ) from None
                     raise RequestError(
                         ErrorKind.TIMEOUT, "deadline exceeded: the request was aborted"
                     ) from None
                 except ValueError as e:
                     raise invalid_argument(e) from None
+                except RequestError:
+                    raise
+                except Exception as e:  # a bug behind the backend: fail it loudly, not silently
+                    logger.exception("request %s failed", request.request_id)
+                    raise RequestError(
+                        ErrorKind.INTERNAL, f"the request failed: {type(e).__name__}: {e}"
+                    ) from None
                 if out.finish_reason == "error":
                     raise RequestError(ErrorKind.INTERNAL, "the engine failed this request")
                 if out.finish_reason == "abort":

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from engine.kv_cache_spec import KVCacheSpec
-from kv_transfer import CompletedTransfer, ReleaseReason, create_receiver
+from kv_transfer import CompletedTransfer, ReleaseReason, create_receiver, release_transports
 from kv_transfer.receiver import ReceiverBase
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
@@ -153,6 +153,7 @@ def _decode_main(conn: Any, transport: str, lease_s: float) -> None:
                 result = ("error", repr(e))
             conn.send(result)
         await worker.receiver.close()
+        await release_transports()  # UCX's notifier thread would keep the process alive
 
     asyncio.run(main())
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,18 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As `pdserve serve --worker-start-timeout-s`: a loaded 2-core machine took 89 s.
 STARTUP_TIMEOUT_S = 300.0
+
+
+_spawned: list[subprocess.Popen[str]] = []
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A test killed by its timeout may skip its cleanup: no server outlives the run (nor do
+    its workers: each server leads its own process group)."""
+    for proc in _spawned:
+        if proc.poll() is None:
+            _kill_group(proc)
 
 
 @dataclass
@@ -36,8 +50,10 @@ class Server:
         return 1 if self.colocated else 2
 
     def health(self) -> dict[str, Any]:
+        """/health's body, also when it says 503 (unavailable, draining)."""
         r = httpx.get(f"{self.http_url}/health", timeout=10, **self.httpx_options)
-        r.raise_for_status()
+        if r.status_code != 503:
+            r.raise_for_status()
         return dict(r.json())
 
     def wait_pool_free(self, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -86,14 +102,41 @@ def start_server(
 ) -> Server:
     """Launch on free ports (the server prints them) and wait until /health says ok.
     ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes).
-    ``httpx_options``: how the harness calls /health (e.g. TLS verification)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
+    ``httpx_options``: how the harness calls /health (e.g. TLS verification); ``env_extra``:
+    added to the server's environment."""
+    cmd = [
+        "serve", *(["--colocated"] if colocated else []),
+        "--model", str(model), "--dtype", "float32", *extra,
+    ]  # fmt: skip
+    return launch(cmd, colocated, httpx_options, env_extra)
+
+
+def start_router(
+    model: Path, decode: Sequence[str], prefill: Sequence[str], *extra: str
+) -> Server:
+    """``pdserve router`` over running workers (their gRPC targets), on free ports."""
+    cmd = ["router", "--model", str(model)]
+    for target in decode:
+        cmd += ["--decode", target]
+    for target in prefill:
+        cmd += ["--prefill", target]
+    return launch([*cmd, *extra], colocated=False)
+
+
+def launch(
+    pdserve_args: Sequence[str],
+    colocated: bool,
+    httpx_options: dict[str, Any] | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> Server:
+    """Run ``python -m pdserve ARGS --grpc-port 0 --http-port 0 --served-model-name tiny``
+    and wait until it serves and /health says ok."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
-        sys.executable, "-m", "pdserve", "serve", *(["--colocated"] if colocated else []),
-        "--grpc-port", "0", "--http-port", "0",
-        "--model", str(model), "--dtype", "float32", "--served-model-name", "tiny",
-        *extra,
+        sys.executable, "-m", "pdserve", *pdserve_args,
+        "--grpc-port", "0", "--http-port", "0", "--served-model-name", "tiny",
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
@@ -104,6 +147,7 @@ def start_server(
         text=True,
         start_new_session=True,  # one group with its workers, for _kill_group
     )
+    _spawned.append(proc)
     lines: list[str] = []
     found: dict[str, str] = {}
     ready = threading.Event()

@@ -241,3 +241,52 @@ def test_router_flow_over_a_fake_backend() -> None:
 
     asyncio.run(main())
     assert backend.closed_early == ["slow", "gone"]
+
+
+def test_drain_refuses_new_requests_and_fails_unfinished_ones_at_the_grace() -> None:
+    backend = FakeBackend(delay_s=0.01)
+    router = Router(backend, Admission(4))
+
+    async def main() -> None:
+        quick = await router.prepare(
+            SamplingParams(max_tokens=3), prompt="abc", request_id="quick"
+        )
+        slow = await router.prepare(
+            SamplingParams(max_tokens=60), prompt="abc", request_id="slow"
+        )
+        waiting = await router.prepare(
+            SamplingParams(max_tokens=60), prompt="abc", request_id="w"
+        )
+
+        async def run(req: GenerateRequest, deadline: float | None) -> list[Any]:
+            with router.admit():
+                outs: list[Any] = []
+                try:
+                    async for o in router.stream(req, deadline):
+                        outs.append(o)
+                except RequestError as e:
+                    outs.append(e)
+                return outs
+
+        tasks = [
+            asyncio.ensure_future(run(quick, None)),
+            asyncio.ensure_future(run(slow, None)),
+            asyncio.ensure_future(run(waiting, router.deadline(30))),  # its own deadline later
+        ]
+        await asyncio.sleep(0.005)  # every stream waits for its first token
+        router.begin_drain(0.2)
+        with pytest.raises(RequestError) as refused:
+            router.admit()
+        assert refused.value.kind is ErrorKind.UNAVAILABLE
+        start = asyncio.get_running_loop().time()
+        quick_outs, slow_outs, waiting_outs = await asyncio.gather(*tasks)
+        assert asyncio.get_running_loop().time() - start < 2.0
+        assert quick_outs[-1].finished  # done within the grace
+        for outs in (slow_outs, waiting_outs):
+            error = outs[-1]
+            assert isinstance(error, RequestError) and error.kind is ErrorKind.UNAVAILABLE
+            assert "shutting down" in error.message
+        assert await router.wait_idle(1.0)
+
+    asyncio.run(main())
+    assert sorted(backend.closed_early) == ["slow", "w"]

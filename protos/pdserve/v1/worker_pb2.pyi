@@ -24,14 +24,16 @@ class WorkerGenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., local_prefill_max_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeMessage(_message.Message):
-    __slots__ = ("reservation", "local_prefill", "output")
+    __slots__ = ("reservation", "local_prefill", "output", "heartbeat")
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PREFILL_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     reservation: _kv_transfer_pb2.KVReservation
     local_prefill: bool
     output: _generate_pb2.GenerateResponse
-    def __init__(self, reservation: _Optional[_Union[_kv_transfer_pb2.KVReservation, _Mapping]] = ..., local_prefill: _Optional[bool] = ..., output: _Optional[_Union[_generate_pb2.GenerateResponse, _Mapping]] = ...) -> None: ...
+    heartbeat: bool
+    def __init__(self, reservation: _Optional[_Union[_kv_transfer_pb2.KVReservation, _Mapping]] = ..., local_prefill: _Optional[bool] = ..., output: _Optional[_Union[_generate_pb2.GenerateResponse, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "reservation")
@@ -66,11 +68,13 @@ class PrefillResponse(_message.Message):
     def __init__(self, first_token_id: _Optional[int] = ..., first_token_logprob: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., num_blocks_sent: _Optional[int] = ..., num_blocks_skipped: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., first_token_top_logprobs: _Optional[_Iterable[_Union[_generate_pb2.TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("check_integrity",)
+    CHECK_INTEGRITY_FIELD_NUMBER: _ClassVar[int]
+    check_integrity: bool
+    def __init__(self, check_integrity: _Optional[bool] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("role", "num_blocks", "num_free_blocks", "num_running_requests", "num_waiting_requests", "num_queued_prefill_tokens", "kv_endpoint", "transport")
+    __slots__ = ("role", "num_blocks", "num_free_blocks", "num_running_requests", "num_waiting_requests", "num_queued_prefill_tokens", "kv_endpoint", "transport", "num_reservations", "draining", "integrity_checked", "integrity_error")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +83,10 @@ class WorkerLoad(_message.Message):
     NUM_QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_ERROR_FIELD_NUMBER: _ClassVar[int]
     role: str
     num_blocks: int
     num_free_blocks: int
@@ -87,4 +95,8 @@ class WorkerLoad(_message.Message):
     num_queued_prefill_tokens: int
     kv_endpoint: str
     transport: str
-    def __init__(self, role: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., kv_endpoint: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
+    num_reservations: int
+    draining: bool
+    integrity_checked: bool
+    integrity_error: str
+    def __init__(self, role: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., num_queued_prefill_tokens: _Optional[int] = ..., kv_endpoint: _Optional[str] = ..., transport: _Optional[str] = ..., num_reservations: _Optional[int] = ..., draining: _Optional[bool] = ..., integrity_checked: _Optional[bool] = ..., integrity_error: _Optional[str] = ...) -> None: ...

@@ -30,8 +30,11 @@ class DecodeWorkerStub:
     """A decode worker owns a running batch and a KV pool. For each request it either reserves
     blocks for a remote prefill (first message: the reservation ticket the router hands to a
     prefill worker) or, for a short prompt, prefills it itself (first message: local_prefill).
-    Token deltas follow; the last one has finished=true. Cancelling the stream aborts the
-    request and frees its blocks. RESOURCE_EXHAUSTED: no room for the prompt's blocks now.
+    A request that finds no free blocks waits in decode's queue (FIFO) for them. Token deltas
+    follow; the last one has finished=true. While a request produces no token (queued for
+    blocks, waiting for its KV, preempted) the stream carries a heartbeat about every second, so
+    the router tells a long queue from a stalled worker. Cancelling the stream aborts the request
+    and frees its blocks. UNAVAILABLE: the worker is draining (shutting down).
     """
 
     def __init__(self, channel):
@@ -56,8 +59,11 @@ class DecodeWorkerServicer:
     """A decode worker owns a running batch and a KV pool. For each request it either reserves
     blocks for a remote prefill (first message: the reservation ticket the router hands to a
     prefill worker) or, for a short prompt, prefills it itself (first message: local_prefill).
-    Token deltas follow; the last one has finished=true. Cancelling the stream aborts the
-    request and frees its blocks. RESOURCE_EXHAUSTED: no room for the prompt's blocks now.
+    A request that finds no free blocks waits in decode's queue (FIFO) for them. Token deltas
+    follow; the last one has finished=true. While a request produces no token (queued for
+    blocks, waiting for its KV, preempted) the stream carries a heartbeat about every second, so
+    the router tells a long queue from a stalled worker. Cancelling the stream aborts the request
+    and frees its blocks. UNAVAILABLE: the worker is draining (shutting down).
     """
 
     def Generate(self, request, context):
@@ -97,8 +103,11 @@ class DecodeWorker:
     """A decode worker owns a running batch and a KV pool. For each request it either reserves
     blocks for a remote prefill (first message: the reservation ticket the router hands to a
     prefill worker) or, for a short prompt, prefills it itself (first message: local_prefill).
-    Token deltas follow; the last one has finished=true. Cancelling the stream aborts the
-    request and frees its blocks. RESOURCE_EXHAUSTED: no room for the prompt's blocks now.
+    A request that finds no free blocks waits in decode's queue (FIFO) for them. Token deltas
+    follow; the last one has finished=true. While a request produces no token (queued for
+    blocks, waiting for its KV, preempted) the stream carries a heartbeat about every second, so
+    the router tells a long queue from a stalled worker. Cancelling the stream aborts the request
+    and frees its blocks. UNAVAILABLE: the worker is draining (shutting down).
     """
 
     @staticmethod
@@ -159,7 +168,8 @@ class DecodeWorker:
 class PrefillWorkerStub:
     """A prefill worker runs chunked prefill and pushes each chunk's finished KV blocks to the
     reservation as soon as the chunk's forward pass ends; it returns once decode has them all.
-    Cancelling the call aborts the prefill and the transfer.
+    While the request waits and computes, the prefill worker renews decode's lease on the
+    reservation. Cancelling the call aborts the prefill and the transfer.
     """
 
     def __init__(self, channel):
@@ -183,7 +193,8 @@ class PrefillWorkerStub:
 class PrefillWorkerServicer:
     """A prefill worker runs chunked prefill and pushes each chunk's finished KV blocks to the
     reservation as soon as the chunk's forward pass ends; it returns once decode has them all.
-    Cancelling the call aborts the prefill and the transfer.
+    While the request waits and computes, the prefill worker renews decode's lease on the
+    reservation. Cancelling the call aborts the prefill and the transfer.
     """
 
     def Prefill(self, request, context):
@@ -222,7 +233,8 @@ def add_PrefillWorkerServicer_to_server(servicer, server):
 class PrefillWorker:
     """A prefill worker runs chunked prefill and pushes each chunk's finished KV blocks to the
     reservation as soon as the chunk's forward pass ends; it returns once decode has them all.
-    Cancelling the call aborts the prefill and the transfer.
+    While the request waits and computes, the prefill worker renews decode's lease on the
+    reservation. Cancelling the call aborts the prefill and the transfer.
     """
 
     @staticmethod

@@ -1,0 +1,145 @@
+"""Defect 5 of issue 12: SIGTERM drains gracefully and promptly.
+
+On SIGTERM a process reports NOT_SERVING at once and admits nothing new; the requests in flight
+get ``--shutdown-grace-s`` to finish; those that cannot get a clear error (an error event and
+``[DONE]`` in a stream), never a silent cut; every process is gone within grace + 2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.faults.clients import Outcome, http_stream
+from tests.faults.cluster import start_cluster
+from tests.router.server_harness import start_server
+
+GRACE_S = 3.0
+EXIT_SLACK_S = 2.0  # the issue's bound: every process gone within grace + 2 s
+PROMPT = list(range(40, 80))
+SHORT, LONG = 8, 1900  # output tokens: done well within the grace / far from done at it
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return int(
+            health_pb2_grpc.HealthStub(channel)
+            .Check(health_pb2.HealthCheckRequest(), timeout=5)
+            .status
+        )
+
+
+def _check_drained_streams(short: list[Outcome], long: list[Outcome]) -> None:
+    for o in short:
+        assert o.error is None and o.finish_reason == "length" and o.done, o
+    for o in long:
+        assert o.done, f"stream cut without [DONE]: {o}"
+        assert o.error is not None and "shutting down" in o.error, o
+
+
+def test_sigterm_drains_pdserve_serve_within_the_grace(llama: Path) -> None:
+    server = start_server(
+        llama,
+        "--kv-transport", "tcp", "--num-kv-blocks", "256",
+        "--shutdown-grace-s", str(GRACE_S),
+        colocated=False,
+    )  # fmt: skip
+    pids = [server.process.pid, *_children(server.process.pid)]
+    assert len(pids) == 3, pids  # router, prefill and decode
+    url = server.http_url
+
+    async def scenario() -> tuple[list[Outcome], list[Outcome], int, float]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            short = [
+                asyncio.ensure_future(http_stream(client, url, PROMPT, SHORT)) for _ in range(2)
+            ]
+            long = [asyncio.ensure_future(http_stream(client, url, PROMPT, LONG)) for _ in range(5)]
+            await asyncio.sleep(1.0)  # every stream has started
+            server.process.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            await asyncio.sleep(0.3)
+            refused = await client.post(
+                f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}
+            )
+            return (
+                list(await asyncio.gather(*short)),
+                list(await asyncio.gather(*long)),
+                refused.status_code,
+                sent,
+            )
+
+    gone: dict[int, float] = {}  # pid -> seconds after SIGTERM
+    try:
+        short, long, refused, sent = asyncio.run(scenario())
+        while len(gone) < len(pids) and time.monotonic() - sent < 30:
+            gone.update(
+                (p, time.monotonic() - sent) for p in pids if p not in gone and not _alive(p)
+            )
+            time.sleep(0.02)
+        gone_after = max(gone.values(), default=30.0)
+    finally:
+        server.stop()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+    assert refused == 503
+    _check_drained_streams(short, long)
+    assert gone_after < GRACE_S + EXIT_SLACK_S, f"gone after (s, router first): {gone} {pids}"
+
+
+def test_sigterm_drains_a_standalone_decode_worker(llama: Path) -> None:
+    with start_cluster(
+        llama, decode_args=["--shutdown-grace-s", str(GRACE_S)], num_kv_blocks=256
+    ) as cluster:
+        decode, url = cluster.decode[0], cluster.url
+
+        async def scenario() -> tuple[list[Outcome], list[Outcome], float, int]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                short = [asyncio.ensure_future(http_stream(client, url, PROMPT, SHORT))]
+                long = [asyncio.ensure_future(http_stream(client, url, PROMPT, LONG))]
+                await asyncio.sleep(1.0)
+                decode.proc.send_signal(signal.SIGTERM)
+                sent = time.monotonic()
+                await asyncio.sleep(0.3)
+                status = _health(decode.target)
+                short_outs = list(await asyncio.gather(*short))
+                return short_outs, list(await asyncio.gather(*long)), sent, status
+
+        short, long, sent, status = asyncio.run(scenario())
+        try:
+            decode.proc.wait(30)
+        finally:
+            gone_after = time.monotonic() - sent
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        _check_drained_streams(short, long)
+        assert gone_after < GRACE_S + EXIT_SLACK_S, f"decode alive {gone_after:.1f}s after SIGTERM"
+        cluster.wait_pools_free()  # the prefill worker's pool
