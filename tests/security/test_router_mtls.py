@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import ssl
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +100,24 @@ def test_grpc_needs_a_release_client_certificate_and_a_key(
                     gpb.GetModelInfoRequest(), timeout=10, metadata=metadata
                 )
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_grpcurl_with_client_certificate(server: Server, pki: dict[str, CertFiles]) -> None:
+    ca, client = pki["router"].ca, pki["client"]
+    method = "pdserve.v1.GenerationService/GetModelInfo"
+    auth = ["-H", f"authorization: Bearer {KEY}"]
+
+    def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["grpcurl", "-cacert", ca, *args, *auth, server.grpc_address, method],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = grpcurl("-cert", client.cert, "-key", client.key)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["model"] == "tiny"
+    for args in ((), ("-cert", pki["foreign"].cert, "-key", pki["foreign"].key)):
+        refused = grpcurl(*args)
+        assert refused.returncode != 0 and "model" not in refused.stdout
