@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from control_plane.grpc_control import WorkerControlService
 from control_plane.kv_events import KVEventLog
@@ -25,6 +26,9 @@ from control_plane.stats import ControlPlaneStats
 from control_plane.worker_agent import LoadSample, WorkerAgent
 from control_plane.worker_info import WorkerInfo, WorkerState
 from engine.block_manager import BlockManager
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 
 def new_worker_id(role: str) -> str:
@@ -61,6 +65,19 @@ class WorkerControlPlane:
                 stats=self.stats,
             )
         self.servicer = WorkerControlService(self.info, sample_load, self.kv_log)
+
+    def bind(self, grpc_address: str, kv_endpoint: str | None = None) -> None:
+        """Set the addresses once the servers are bound (before ``start``)."""
+        changes: dict[str, str] = {"grpc_address": grpc_address}
+        if kv_endpoint is not None:
+            changes["kv_endpoint"] = kv_endpoint
+        self._identity = replace(self._identity, **changes)  # type: ignore[arg-type]
+        if self.agent is not None:
+            self.agent.info = replace(self.agent.info, **changes)  # type: ignore[arg-type]
+
+    def on_step(self, engine: LLMEngine) -> None:
+        """``AsyncEngine``'s ``on_step`` hook (engine thread)."""
+        self.on_engine_step(engine.block_manager)
 
     def info(self) -> WorkerInfo:
         """The worker as routers should see it now (epoch and state included)."""

@@ -21,6 +21,8 @@ from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
 from pdserve.tls import CertificateWatch
+from pdserve.worker_control import worker_control_plane
+from pdserve.worker_control_args import advertised_address, control_defaults
 from pdserve.worker_process import (
     add_worker_args,
     drain,
@@ -30,7 +32,7 @@ from pdserve.worker_process import (
     wait_for_stop_signal,
 )
 from pdserve.worker_security import NO_SECURITY, WorkerSecurity
-from protos.pdserve.v1 import worker_pb2_grpc
+from protos.pdserve.v1 import control_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "pdserve.v1.DecodeWorker"
@@ -48,15 +50,18 @@ async def serve(
     kv_lease_s: float = DEFAULT_LEASE_S,
     shutdown_grace_s: float = 5.0,
     heartbeat_s: float = HEARTBEAT_S,
+    control: argparse.Namespace | None = None,
     security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
     ``kv_lease_s``: how long a reservation lives without a write or a renewal from prefill.
     ``heartbeat_s``: a quiet stream sends a heartbeat this often (the router's stall timeout
-    must be well above it). On SIGINT/SIGTERM it drains: NOT_SERVING at once, new requests
-    refused, those in flight get ``shutdown_grace_s``, then end with UNAVAILABLE.
-    ``security``: mutual TLS on the gRPC port and the KV listener."""
+    must be well above it). ``control``: the control-plane flags (pdserve.worker_control_args;
+    default: no Redis). On SIGINT/SIGTERM it drains: unregistered and NOT_SERVING at once,
+    new requests refused, those in flight get ``shutdown_grace_s``, then end with
+    UNAVAILABLE. ``security``: mutual TLS on the gRPC port and the KV listener."""
+    control = control or control_defaults(host)
     connector = DecodeConnector(config.block_size)
     engine = LLMEngine(config, kv_connector=connector)
     kind = resolve_transport(security.kv_transport(transport))
@@ -73,7 +78,11 @@ async def serve(
     )
     await receiver.start()
     connector.attach(receiver)
-    aengine = AsyncEngine(engine)
+    name = model_name or Path(engine.model_config.path).name
+    plane = worker_control_plane(
+        control, "decode", engine, lambda: aengine.stats, "", name, transport=kind
+    )
+    aengine = AsyncEngine(engine, on_step=plane.on_step)
     servicer = DecodeWorkerService(aengine, connector, receiver, kind, heartbeat_s)
     server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server,
@@ -82,15 +91,18 @@ async def serve(
         host,
         port,
         security.server,
+        extra=[(control_pb2_grpc.add_WorkerControlServicer_to_server, plane.servicer)],
     )
     reload_task = asyncio.create_task(certificates.run())
+    plane.bind(advertised_address(control, bound), receiver.endpoint)
+    await plane.start()
     print(f"decode worker: grpc {host}:{bound}, kv {receiver.endpoint} ({kind})", flush=True)
     metrics = None
     if metrics_port is not None:
         registry = worker_registry(
             aengine,
             "decode",
-            model_name or Path(engine.model_config.path).name,
+            name,
             receiver.metrics,
             kind,
             {"decode_admission": servicer.admission_seconds},
@@ -98,11 +110,13 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"decode worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
     await drain(servicer.drain, health, shutdown_grace_s)
     reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
     await server.stop(grace=0.5)
+    await plane.stop()
     await receiver.close()
     await release_transports()
     await asyncio.to_thread(aengine.shutdown)
@@ -153,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.kv_lease_s,
             a.shutdown_grace_s,
             a.heartbeat_s,
+            a,
             security,
         )
     )

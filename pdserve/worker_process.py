@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.options import add_engine_args
 from pdserve.tls import ServerTls, add_port
+from pdserve.worker_control_args import add_control_args
 from pdserve.worker_security import add_tls_args
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
     )
     add_tls_args(p)
     add_engine_args(p)
+    add_control_args(p)
 
 
 def metrics_port_of(a: argparse.Namespace) -> int | None:
@@ -61,12 +63,16 @@ async def start_grpc_server(
     host: str,
     port: int,
     tls: ServerTls | None = None,
+    extra: Sequence[tuple[Any, Any]] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Serve ``servicer`` and grpc.health.v1 (SERVING for "" and ``service_name``) on
-    ``host:port`` (0 = any free port); returns the server, its bound port and the health
-    servicer (``drain`` turns it NOT_SERVING). ``tls``: the port speaks only (mutual) TLS."""
+    """Serve ``servicer`` (and each ``(add_servicer, servicer)`` of ``extra``) and
+    grpc.health.v1 (SERVING for "" and ``service_name``) on ``host:port`` (0 = any free
+    port); returns the server, its bound port and the health servicer (``drain`` turns it
+    NOT_SERVING). ``tls``: the port speaks only (mutual) TLS."""
     server = grpc.aio.server()
     add_servicer(servicer, server)
+    for add, other in extra:
+        add(other, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = add_port(server, f"{host}:{port}", tls)

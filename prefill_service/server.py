@@ -18,6 +18,8 @@ from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
 from pdserve.tls import CertificateWatch
+from pdserve.worker_control import worker_control_plane
+from pdserve.worker_control_args import advertised_address, control_defaults
 from pdserve.worker_process import (
     add_worker_args,
     drain,
@@ -28,7 +30,7 @@ from pdserve.worker_process import (
 )
 from pdserve.worker_security import NO_SECURITY, WorkerSecurity, add_kv_peer_args
 from prefill_service.service import PrefillWorkerService
-from protos.pdserve.v1 import worker_pb2_grpc
+from protos.pdserve.v1 import control_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = "pdserve.v1.PrefillWorker"
@@ -42,6 +44,7 @@ async def serve(
     model_name: str | None = None,
     shutdown_grace_s: float = 5.0,
     kv_host: str = "127.0.0.1",
+    control: argparse.Namespace | None = None,
     security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
@@ -49,12 +52,24 @@ async def serve(
     ``kv_host``: the interface of any KV transport listener (UCX connects back to one).
     On SIGINT/SIGTERM it drains: NOT_SERVING at once, prefills in flight (and those of
     requests already started) get ``shutdown_grace_s``, then end with UNAVAILABLE.
+    ``control``: the control-plane flags (pdserve.worker_control_args; default: no Redis).
     ``security``: mutual TLS on the gRPC port and to decode's KV listeners; the KV peers
     tickets may name."""
+    control = control or control_defaults(host)
     connector = PrefillConnector()
     engine = LLMEngine(config, kv_connector=connector)
     connector.watch_engine(lambda: engine.num_steps)  # renew leases only while it steps
-    aengine = AsyncEngine(engine)
+    name = model_name or Path(engine.model_config.path).name
+    plane = worker_control_plane(
+        control,
+        "prefill",
+        engine,
+        lambda: aengine.stats,
+        "",
+        name,
+        queued_prefill_tokens=lambda: servicer.num_queued_tokens,
+    )
+    aengine = AsyncEngine(engine, on_step=plane.on_step)
     certificates = CertificateWatch()
     sender = KVSender(
         engine.kv_spec,
@@ -71,15 +86,18 @@ async def serve(
         host,
         port,
         security.server,
+        extra=[(control_pb2_grpc.add_WorkerControlServicer_to_server, plane.servicer)],
     )
     reload_task = asyncio.create_task(certificates.run())
+    plane.bind(advertised_address(control, bound))
+    await plane.start()
     print(f"prefill worker: grpc {host}:{bound}", flush=True)
     metrics = None
     if metrics_port is not None:
         registry = worker_registry(
             aengine,
             "prefill",
-            model_name or Path(engine.model_config.path).name,
+            name,
             sender.metrics,
             "all",
             {"kv_transfer": servicer.kv_transfer_seconds},
@@ -87,11 +105,13 @@ async def serve(
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"prefill worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
+    await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
     await drain(servicer.drain, health, shutdown_grace_s)
     reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
     await server.stop(grace=0.5)
+    await plane.stop()
     await sender.close()
     await release_transports()
     await asyncio.to_thread(aengine.shutdown)
@@ -120,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.served_model_name,
             a.shutdown_grace_s,
             a.kv_host,
+            a,
             security,
         )
     )

@@ -46,9 +46,7 @@ async def _last_output(stream: AsyncGenerator[RequestOutput, None]) -> RequestOu
 
 
 class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
-    def __init__(
-        self, engine: AsyncEngine, connector: PrefillConnector, sender: KVSender
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, connector: PrefillConnector, sender: KVSender) -> None:
         self._engine = engine
         self._connector = connector
         self._sender = sender
@@ -126,6 +124,11 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             prefill_seconds=time.monotonic() - started,
             first_token_top_logprobs=[gpb.TopLogprob(token_id=t, logprob=lp) for t, lp in top],
         )
+
+    @property
+    def num_queued_tokens(self) -> int:
+        """Prompt tokens of the prefills this worker holds (queued or computing)."""
+        return self._queued_tokens
 
     async def GetLoad(
         self, request: wpb.GetLoadRequest, context: grpc.aio.ServicerContext

@@ -163,7 +163,7 @@ class Drain(Closed):
         default=5, ge=0, description="wait for endpoints to drop the pod before SIGTERM"
     )
     worker_grace_flag: bool = Field(
-        default=False, description="PENDING (issue 12): pass --shutdown-grace-s to the workers"
+        default=False, description="pass --shutdown-grace-s to the workers too"
     )
 
 

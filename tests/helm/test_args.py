@@ -29,13 +29,7 @@ PENDING: dict[str, dict[str, int]] = {
         "--redis-password-file": 14,
         "--redis-ca-file": 14,
     },
-    "worker": {
-        "--redis-url": 14,
-        "--redis-password-file": 14,
-        "--redis-ca-file": 14,
-        "--worker-id": 14,
-        "--shutdown-grace-s": 12,
-    },
+    "worker": {},
 }
 # `pdserve router` still requires static worker addresses (issue 14 makes them optional).
 ROUTER_NEEDS_STATIC = "the following arguments are required: --decode, --prefill"

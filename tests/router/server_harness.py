@@ -135,8 +135,9 @@ def launch(
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
-        sys.executable, "-m", "pdserve", *pdserve_args,
+        sys.executable, "-m", "pdserve", pdserve_args[0],
         "--grpc-port", "0", "--http-port", "0", "--served-model-name", "tiny",
+        *pdserve_args[1:],  # after the harness's: a test's own --served-model-name comes second
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
