@@ -61,8 +61,12 @@ class ClusterView:
         visible_after_s: float = 0.5,
         stats: ControlPlaneStats | None = None,
         clock: Callable[[], float] = time.monotonic,
+        adopt_fingerprint: bool = False,
     ) -> None:
+        """``fingerprint``: members must match it (others are refused and logged once);
+        None with ``adopt_fingerprint``: the first member's becomes the one to match."""
         self.fingerprint = fingerprint
+        self.adopt_fingerprint = adopt_fingerprint
         self.stale_after_s = stale_after_s
         self.visible_after_s = visible_after_s  # a send shows in reports this much later
         self.stats = stats or ControlPlaneStats()
@@ -99,6 +103,8 @@ class ClusterView:
             # its records and the worker registered again): its cache and load are new.
             self.kv_index.remove_worker(info.worker_id)
             self._loads.pop(info.worker_id, None)
+        if self.fingerprint is None and self.adopt_fingerprint:
+            self.fingerprint = info.fingerprint  # the first member sets the cluster's layout
         if self.fingerprint is not None:
             why = self.fingerprint.mismatch(info.fingerprint)
             if why is not None:

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pdserve.options import add_engine_args, config_to_argv, engine_config_from_args
+from pdserve.options import add_engine_args, engine_config_from_args
+from pdserve.serve_disaggregated import add_cluster_args
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
@@ -125,125 +126,26 @@ def _router_metrics(a: argparse.Namespace, backend: Any, mode: str) -> Any:
         metrics.registry.register(EngineCollector(engine, role, model))
         metrics.stages.add("prefill_queue", engine.metrics.queue_seconds)
         metrics.stages.add("prefill_compute", engine.metrics.prefill_seconds)
+    cluster = getattr(backend, "cluster", None)
+    if cluster is not None:
+        from router.cluster_metrics import ClusterCollector
+
+        metrics.registry.register(ClusterCollector(cluster, role, model))
     return metrics
 
 
 def _serve_disaggregated(a: argparse.Namespace) -> int:
-    """Router in this process; one decode and one prefill worker as child processes."""
-    import socket
+    from pdserve.serve_disaggregated import serve_disaggregated
 
-    from engine.demo_model import demo_model_path
-    from pdserve.launch import (
-        parse_cpus,
-        serve_kv_transport,
-        start_worker,
-        stop_workers,
-        terminate,
-        wait_healthy,
-    )
-    from pdserve.launch_security import WorkerLaunchSecurity
-    from router.disaggregated_backend import DisaggregatedBackend
-
-    def port_or_free(port: int) -> int:
-        if port:
-            return port
-        with socket.socket() as sock:
-            sock.bind((a.worker_host, 0))
-            return int(sock.getsockname()[1])
-
-    model = a.model or str(demo_model_path())  # build the demo once, before the children
-    common = [
-        *config_to_argv(engine_config_from_args(a), exclude=("model",)),
-        "--shutdown-grace-s",
-        str(a.shutdown_grace_s),
-    ]
-    if a.served_model_name:  # the workers' metrics label: the first name
-        common += ["--served-model-name", a.served_model_name[0]]
-    decode_port, prefill_port = port_or_free(a.decode_port), port_or_free(a.prefill_port)
-    decode_cpus, prefill_cpus = parse_cpus(a.decode_cpus), parse_cpus(a.prefill_cpus)
-    transport, why = serve_kv_transport(a.kv_transport, decode_cpus, prefill_cpus)
-    if why:
-        print(f"pdserve: {why}", file=sys.stderr)
-    procs = []
-    try:
-        security = WorkerLaunchSecurity.from_args(a, transport, port_or_free)
-        transport = security.transport
-        procs.append(
-            start_worker(
-                "decode",
-                model,
-                decode_port,
-                [
-                    *common,
-                    "--kv-transport",
-                    transport,
-                    "--kv-lease-s",
-                    str(a.kv_lease_s),
-                    "--metrics-port",
-                    str(a.decode_metrics_port),
-                    *security.decode_argv(),
-                ],
-                decode_cpus,
-            )
-        )
-        procs.append(
-            start_worker(
-                "prefill",
-                model,
-                prefill_port,
-                [
-                    *common,
-                    "--max-num-batched-tokens",
-                    str(a.prefill_max_num_batched_tokens),
-                    "--metrics-port",
-                    str(a.prefill_metrics_port),
-                    *security.prefill_argv(),
-                ],
-                prefill_cpus,
-            )
-        )
-        decode_target = f"{a.worker_host}:{decode_port}"
-        prefill_target = f"{a.worker_host}:{prefill_port}"
-        for target, proc in ((decode_target, procs[0]), (prefill_target, procs[1])):
-            wait_healthy(target, proc, a.worker_start_timeout_s, security.router_tls)
-        backend = DisaggregatedBackend(
-            model,
-            [decode_target],
-            [prefill_target],
-            served_model_name=a.served_model_name,
-            block_size=a.block_size,
-            max_model_len=a.max_model_len,
-            local_prefill_max_tokens=a.local_prefill_max_tokens,
-            stall_timeout_s=a.stall_timeout_s,
-            worker_tls=security.router_tls,
-        )
-        # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
-        # then the workers, with nothing left in flight, stop alongside the router's servers.
-        return _run_router(a, backend, "disaggregated", on_drained=lambda: terminate(procs))
-    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        stop_workers(procs, timeout_s=a.shutdown_grace_s + 1.0)  # idle: they stop at once
+    return serve_disaggregated(a, _run_router)
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
     from engine.demo_model import demo_model_path
-    from router.disaggregated_backend import DisaggregatedBackend
-    from router.security import RouterSecurity
+    from pdserve.serve_disaggregated import make_backend
 
     try:
-        backend = DisaggregatedBackend(
-            a.model or str(demo_model_path()),
-            a.decode,
-            a.prefill,
-            served_model_name=a.served_model_name,
-            block_size=a.block_size,
-            max_model_len=a.max_model_len,
-            local_prefill_max_tokens=a.local_prefill_max_tokens,
-            stall_timeout_s=a.stall_timeout_s,
-            worker_tls=RouterSecurity.from_args(a).worker_tls,
-        )
+        backend = make_backend(a, a.model or str(demo_model_path()), a.decode, a.prefill)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -313,10 +215,17 @@ def _add_serve_parser(sub: Any) -> None:
         "(default: router here + a prefill and a decode worker process)",
     )
     _add_router_args(serve)
+    add_cluster_args(serve)
     workers = serve.add_argument_group("workers (disaggregated mode)")
+    workers.add_argument("--prefill-workers", type=int, default=1, help="prefill processes")
+    workers.add_argument("--decode-workers", type=int, default=1, help="decode processes")
     workers.add_argument("--worker-host", default="127.0.0.1")
-    workers.add_argument("--decode-port", type=int, default=0, help="0 = any free port")
-    workers.add_argument("--prefill-port", type=int, default=0, help="0 = any free port")
+    workers.add_argument(
+        "--decode-port", type=int, default=0, help="the first decode worker's (0 = any free)"
+    )
+    workers.add_argument(
+        "--prefill-port", type=int, default=0, help="the first prefill worker's (0 = any free)"
+    )
     workers.add_argument("--kv-transport", default="auto", help="auto (UCX if installed) | tcp")
     workers.add_argument("--prefill-max-num-batched-tokens", type=int, default=4096)
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
@@ -358,12 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
     router = sub.add_parser(
         "router", help="run the router over existing prefill and decode workers"
     )
-    router.add_argument("--decode", action="append", required=True, help="host:port, repeatable")
-    router.add_argument("--prefill", action="append", required=True, help="host:port, repeatable")
+    router.add_argument(
+        "--decode", action="append", default=[], help="host:port, repeatable (no Redis)"
+    )
+    router.add_argument(
+        "--prefill", action="append", default=[], help="host:port, repeatable (no Redis)"
+    )
     router.add_argument("--model", default=None, help="model folder (for the tokenizer)")
     router.add_argument("--block-size", type=int, default=16)
     router.add_argument("--max-model-len", type=int, default=None)
     _add_router_args(router)
+    add_cluster_args(router)
     router.set_defaults(func=_cmd_router)
     sub.add_parser("prefill", help="run a prefill worker (see `pdserve prefill --help`)")
     sub.add_parser("decode", help="run a decode worker (see `pdserve decode --help`)")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
 def serve_kv_transport(requested: str, *pinned: set[int] | None) -> tuple[str, str | None]:
     """The KV transport ``pdserve serve`` gives its workers, and why when it overrides "auto".
 

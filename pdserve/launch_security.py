@@ -23,13 +23,17 @@ from router.security import RouterSecurity
 class WorkerLaunchSecurity:
     router_tls: ClientTls | None  # how the router (and the health wait) dial the workers
     transport: str  # the KV transport the decode worker gets
-    tls_argv: tuple[str, ...]  # both workers' --tls-* flags
-    kv_endpoint: str | None  # decode's KV endpoint, when fixed in advance (TCP)
+    tls_argv: tuple[str, ...]  # every worker's --tls-* flags
+    kv_endpoints: tuple[str, ...]  # each decode worker's KV endpoint, fixed in advance (TCP)
     kv_host: str
 
     @classmethod
     def from_args(
-        cls, a: argparse.Namespace, transport: str, free_port: Callable[[int], int]
+        cls,
+        a: argparse.Namespace,
+        transport: str,
+        free_port: Callable[[int], int],
+        num_decode: int = 1,
     ) -> WorkerLaunchSecurity:
         """Checks every router security flag now (before any worker starts)."""
         tls = RouterSecurity.from_args(a).worker_tls
@@ -46,22 +50,24 @@ class WorkerLaunchSecurity:
             argv += ("--tls-ca-file", tls.ca_file)
             if tls.server_name:
                 argv += ("--tls-server-name", tls.server_name)
-        endpoint = None
+        endpoints: tuple[str, ...] = ()
         if resolve_transport(transport) == "tcp":
-            port = free_port(0)
             host = a.worker_host
-            endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-        return cls(tls, transport, argv, endpoint, a.worker_host)
+            for _ in range(num_decode):
+                port = free_port(0)
+                endpoints += (f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}",)
+        return cls(tls, transport, argv, endpoints, a.worker_host)
 
-    def decode_argv(self) -> list[str]:
+    def decode_argv(self, index: int = 0) -> list[str]:
+        """The ``index``-th decode worker's flags."""
         argv = list(self.tls_argv)
-        if self.kv_endpoint is not None:
-            port = self.kv_endpoint.rpartition(":")[2]
+        if self.kv_endpoints:
+            port = self.kv_endpoints[index].rpartition(":")[2]
             argv += ["--kv-host", self.kv_host, "--kv-port", port]
         return argv
 
     def prefill_argv(self) -> list[str]:
         argv = list(self.tls_argv)
-        if self.kv_endpoint is not None:
-            argv += ["--kv-allowed-peers", self.kv_endpoint]
+        if self.kv_endpoints:
+            argv += ["--kv-allowed-peers", ",".join(self.kv_endpoints)]
         return argv

@@ -44,9 +44,7 @@ def _scalar(tp: Any) -> tuple[Any, bool, tuple[Any, ...] | None]:
     return tp, optional, None
 
 
-def add_config_args(
-    target: ArgTarget, cls: type[Any], exclude: tuple[str, ...] = ()
-) -> None:
+def add_config_args(target: ArgTarget, cls: type[Any], exclude: tuple[str, ...] = ()) -> None:
     """One flag per field of dataclass ``cls`` (except ``exclude``), defaulting to the
     field's default."""
     hints = get_type_hints(cls)

@@ -2,13 +2,17 @@
 prompts and push their KV straight into the blocks decode reserved.
 
 Per request:
-    1. pick a routable decode worker (most free blocks, then fewest running) and open its
-       Generate stream; its first message is either a reservation ticket or "local prefill"
-       (it may come after heartbeats while decode waits for free blocks);
-    2. with a ticket, pick a routable prefill worker (longest remembered prefix, then fewest
-       queued prefill tokens) and call Prefill; it pushes KV chunk by chunk to the decode
-       worker, renewing decode's lease while it works, and returns the first token;
-    3. stream decode's token deltas back.
+    1. the cluster router (router.cluster_router) picks the (decode, prefill) pair with the
+       routing policy over the workers' corrected loads and the cluster KV index, or decode
+       alone (it prefills the prompt itself: no transfer), and reserves the decode worker;
+    2. open the decode worker's Generate stream; its first message is either a reservation
+       ticket or "local prefill" (it may come after heartbeats while decode waits for free
+       blocks). A decode worker that refuses the request (busy, draining) before that first
+       message: the next one in the ranking, before the client ever sees an error;
+    3. with a ticket, call Prefill on the chosen prefill worker; it pushes KV chunk by chunk
+       to the decode worker, renewing decode's lease while it works, and returns the first
+       token;
+    4. stream decode's token deltas back.
 
 Every wait has a deadline or a heartbeat behind it: a decode stream that sends neither a
 token nor a heartbeat for ``stall_timeout_s`` fails the request (UNAVAILABLE, "stalled");
@@ -27,18 +31,16 @@ from typing import Any
 
 import grpc
 
-from engine.block_hash import hash_block_tokens
 from engine.model_card import load_model_card
 from engine.outputs import RequestOutput
 from pdserve.tls import ClientTls
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
-from protos.pdserve.v1 import worker_pb2_grpc
 from router.backend import GenerateRequest, Load, ModelInfo, served_names
+from router.cluster_router import ClusterRouter, Route, Target
 from router.errors import ErrorKind, RequestError
-from router.prefix_index import PrefixIndex
+from router.routing import make_policy
 from router.tokenizer_ops import TokenizerOps
-from router.worker_pool import Worker, WorkerPool
 
 DEFAULT_STALL_TIMEOUT_S = 10.0
 
@@ -49,24 +51,43 @@ class DisaggregatedBackend:
     def __init__(
         self,
         model: str,
-        decode_targets: Sequence[str],
-        prefill_targets: Sequence[str],
+        decode_targets: Sequence[str] = (),
+        prefill_targets: Sequence[str] = (),
         served_model_name: str | Sequence[str] | None = None,
         block_size: int = 16,
         max_model_len: int | None = None,
         local_prefill_max_tokens: int = 0,
         load_poll_s: float = 0.1,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        routing_policy: str = "kv_aware",
+        cluster: ClusterRouter | None = None,
         worker_tls: ClientTls | None = None,
     ) -> None:
-        """``stall_timeout_s``: a decode stream silent (no token, no heartbeat) this long
-        fails its request; decode workers send a heartbeat every ``--heartbeat-s`` (1 s by
-        default) while they have nothing else to send, so keep it well above that.
-        ``worker_tls``: dial the workers over mutual TLS (pdserve.tls)."""
-        if not decode_targets or not prefill_targets:
-            raise ValueError("need at least one decode and one prefill worker")
+        """Workers come from ``cluster`` (e.g. ``ClusterRouter.redis``) or, without it, from
+        the static ``decode_targets`` and ``prefill_targets``. ``stall_timeout_s``: a decode
+        stream silent (no token, no heartbeat) this long fails its request; decode workers
+        send a heartbeat every ``--heartbeat-s`` (1 s by default) while they have nothing
+        else to send, so keep it well above that. ``local_prefill_max_tokens``: prompts up to
+        this long may be prefilled on decode (-1: all; 0: only when decode caches most of
+        the prompt, as the kv_aware policy judges). ``worker_tls``: dial static workers over
+        mutual TLS (pdserve.tls; a given ``cluster`` brings its own)."""
         if stall_timeout_s <= 0:
             raise ValueError(f"--stall-timeout-s must be positive, got {stall_timeout_s}")
+        if cluster is None:
+            if not decode_targets or not prefill_targets:
+                raise ValueError("need at least one decode and one prefill worker")
+            policy = make_policy(
+                routing_policy,
+                **policy_options(routing_policy, local_prefill_max_tokens, block_size),
+            )
+            cluster = ClusterRouter.static(
+                decode_targets,
+                prefill_targets,
+                policy,
+                local_prefill_max_tokens,
+                load_poll_s,
+                tls=worker_tls,
+            )
         mc = load_model_card(model)
         self._text = TokenizerOps(model)
         names = served_names(served_model_name, mc.path)
@@ -83,44 +104,33 @@ class DisaggregatedBackend:
             served_names=names,
             model_path=model,
         )
-        self._decode = WorkerPool(
-            "decode", decode_targets, worker_pb2_grpc.DecodeWorkerStub, load_poll_s, worker_tls
-        )
-        self._prefill = WorkerPool(
-            "prefill", prefill_targets, worker_pb2_grpc.PrefillWorkerStub, load_poll_s, worker_tls
-        )
-        self._local_prefill_max_tokens = local_prefill_max_tokens
+        self.cluster = cluster
         self._stall_timeout_s = stall_timeout_s
         self._aborted: set[str] = set()
         self._calls: dict[str, list[Any]] = {}
-        self._block_size = block_size
-        self.prefix_index = PrefixIndex()
 
     async def start(self) -> None:
-        """Open channels and start polling worker load (call on the router's event loop)."""
-        await asyncio.gather(self._decode.start(), self._prefill.start())
+        """Learn the workers and start following them (call on the router's event loop)."""
+        await self.cluster.start()
 
     # ------------------------------------------------------------------ Backend
     def model_info(self) -> ModelInfo:
         return self._info
 
     def load(self) -> Load:
-        """Healthy decode and prefill workers together (a snapshot at most ``load_poll_s``
-        old); a worker that stopped answering does not count."""
-        loads = self._decode.loads() + self._prefill.loads()
-        return Load(
-            num_blocks=sum(x.num_blocks for x in loads),
-            num_free_blocks=sum(x.num_free_blocks for x in loads),
-            num_running_requests=sum(x.num_running_requests for x in loads),
-            num_waiting_requests=sum(x.num_waiting_requests for x in loads),
-        )
+        """Routable decode and prefill workers together (their latest load reports); a
+        worker that stopped answering does not count."""
+        return self.cluster.load()
 
     def is_healthy(self) -> bool:
-        return self._decode.num_healthy > 0 and self._prefill.num_healthy > 0
+        return self.cluster.num_routable("decode") > 0 and self.cluster.num_routable("prefill") > 0
 
     def healthy_workers(self) -> dict[str, int]:
-        """Workers that answered the last load poll, by pool (for metrics)."""
-        return {"prefill": self._prefill.num_healthy, "decode": self._decode.num_healthy}
+        """Routable workers by pool (for metrics)."""
+        return {
+            "prefill": self.cluster.num_routable("prefill"),
+            "decode": self.cluster.num_routable("decode"),
+        }
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         ids = (
@@ -129,30 +139,26 @@ class DisaggregatedBackend:
             else self._tokenize_prompt(request.prompt)
         )
         rid = request.request_id
-        threshold = self._local_prefill_max_tokens
-        if not (threshold < 0 or 0 < len(ids) <= threshold):
-            self._prefill.routable()  # fail fast, before decode reserves anything
-        decode = self._pick_decode()
-        call = decode.stub.Generate(
-            wpb.WorkerGenerateRequest(
-                request_id=rid,
-                prompt_token_ids=ids,
-                sampling_params=sampling_params_to_proto(request.sampling_params),
-                priority=request.priority,
-                local_prefill_max_tokens=self._local_prefill_max_tokens,
-            )
-        )
+        try:
+            route = await self.cluster.route(rid, ids)
+            route, call, first = await self._open_decode(route, request, ids)
+        except BaseException:
+            self._calls.pop(rid, None)
+            self._aborted.discard(rid)
+            raise
+        decode = route.decode[0]
         self._calls[rid] = [call]
         prefill: asyncio.Task[wpb.PrefillResponse] | None = None
         acc = OutputAccumulator(rid, ids, request.prompt)
         try:
-            first = await self._read(call, decode, rid)
-            if first is None:
-                raise RequestError(
-                    ErrorKind.UNAVAILABLE, f"decode worker {decode.target} closed the stream"
-                )
             if first.HasField("reservation"):
-                prefill = asyncio.ensure_future(self._prefill_call(request, ids, first))
+                if route.is_local:
+                    raise RequestError(
+                        ErrorKind.INTERNAL, f"decode worker {decode.address} did not prefill"
+                    )
+                prefill = asyncio.ensure_future(
+                    self._prefill_call(request, ids, first, route.prefill[0])
+                )
                 self._calls[rid].append(prefill)
                 msg = await self._read_while_prefilling(call, decode, rid, prefill)
             else:
@@ -172,12 +178,13 @@ class DisaggregatedBackend:
                 msg = await self._read(call, decode, rid)
             raise RequestError(
                 ErrorKind.UNAVAILABLE,
-                f"decode worker {decode.target} ended the stream before the request finished",
+                f"decode worker {decode.address} ended the stream before the request finished",
             )
         finally:
             self._calls.pop(rid, None)
             self._aborted.discard(rid)
             call.cancel()
+            await self.cluster.release(route)
             if prefill is not None:
                 if not prefill.done():
                     prefill.cancel()
@@ -206,7 +213,7 @@ class DisaggregatedBackend:
         return self._text.detokenize(token_ids)
 
     async def close(self) -> None:
-        await asyncio.gather(self._decode.close(), self._prefill.close())
+        await self.cluster.close()
 
     # ----------------------------------------------------------------- private
     def _tokenize_prompt(self, prompt: str | None) -> list[int]:
@@ -214,29 +221,49 @@ class DisaggregatedBackend:
             raise ValueError("prompt must not be empty")
         return self.tokenize(prompt)
 
-    def _pick_decode(self) -> Worker:
-        return self._decode.pick(
-            self._decode.routable(),
-            key=lambda load: (-load.num_free_blocks, load.num_running_requests),
-        )
-
-    def _pick_prefill(self, hashes: list[Any]) -> Worker:
-        """Longest remembered prefix first (its blocks are likely cached there), then the
-        fewest queued prefill tokens."""
-        workers = self._prefill.routable()
-        best = max(self.prefix_index.match(w.target, hashes) for w in workers)
-        if best > 0:
-            workers = [w for w in workers if self.prefix_index.match(w.target, hashes) == best]
-        return self._prefill.pick(
-            workers, key=lambda load: (load.num_queued_prefill_tokens, load.num_running_requests)
-        )
+    async def _open_decode(
+        self, route: Route, request: GenerateRequest, ids: list[int]
+    ) -> tuple[Route, Any, wpb.DecodeMessage]:
+        """Open the Generate stream on the route's decode worker and read its first message;
+        a worker that refuses (busy, draining, unreachable) before it: the next one."""
+        rid = request.request_id
+        while True:
+            decode = route.decode[0]
+            call = decode.stub.Generate(
+                wpb.WorkerGenerateRequest(
+                    request_id=rid,
+                    prompt_token_ids=ids,
+                    sampling_params=sampling_params_to_proto(request.sampling_params),
+                    priority=request.priority,
+                    local_prefill_max_tokens=-1 if route.is_local else 0,
+                )
+            )
+            self._calls[rid] = [call]
+            try:
+                first = await self._read(call, decode, rid, first=True)
+            except _Refused as e:
+                call.cancel()
+                retry = await self.cluster.retry_decode(route)
+                if retry is None:
+                    await self.cluster.release(route)
+                    raise e.error from None
+                route = retry
+                continue
+            except BaseException:
+                call.cancel()
+                await self.cluster.release(route)
+                raise
+            if first is None:
+                call.cancel()
+                await self.cluster.release(route)
+                raise RequestError(
+                    ErrorKind.UNAVAILABLE, f"decode worker {decode.address} closed the stream"
+                )
+            return route, call, first
 
     async def _prefill_call(
-        self, request: GenerateRequest, ids: list[int], first: wpb.DecodeMessage
+        self, request: GenerateRequest, ids: list[int], first: wpb.DecodeMessage, prefill: Target
     ) -> wpb.PrefillResponse:
-        hashes = hash_block_tokens(ids, self._block_size)
-        prefill = self._pick_prefill(hashes)
-        self.prefix_index.insert(prefill.target, hashes)
         try:
             response: wpb.PrefillResponse = await prefill.stub.Prefill(
                 wpb.PrefillRequest(
@@ -254,7 +281,7 @@ class DisaggregatedBackend:
     async def _read_while_prefilling(
         self,
         call: Any,
-        decode: Worker,
+        decode: Target,
         rid: str,
         prefill: asyncio.Task[wpb.PrefillResponse],
     ) -> wpb.DecodeMessage | None:
@@ -287,17 +314,20 @@ class DisaggregatedBackend:
                 "decode admitting the request",
             ) from None
 
-    async def _read(self, call: Any, worker: Worker, rid: str) -> wpb.DecodeMessage | None:
-        """The next message that is not a heartbeat; None at the end of the stream."""
+    async def _read(
+        self, call: Any, worker: Target, rid: str, first: bool = False
+    ) -> wpb.DecodeMessage | None:
+        """The next message that is not a heartbeat; None at the end of the stream. ``first``:
+        a refusal (busy, draining, unreachable) raises ``_Refused`` (the caller retries)."""
         while True:
             try:
                 async with asyncio.timeout(self._stall_timeout_s):
                     msg = await call.read()
             except TimeoutError:
-                self._decode.mark_stalled(worker)
+                self.cluster.mark_stalled(worker)
                 raise RequestError(
                     ErrorKind.UNAVAILABLE,
-                    f"decode worker {worker.target} stalled: no token or heartbeat for "
+                    f"decode worker {worker.address} stalled: no token or heartbeat for "
                     f"{self._stall_timeout_s:g}s; the request was aborted",
                 ) from None
             except asyncio.CancelledError:
@@ -306,6 +336,8 @@ class DisaggregatedBackend:
                     raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted") from None
                 raise
             except grpc.aio.AioRpcError as e:
+                if first and e.code() in _REFUSALS:
+                    raise _Refused(_request_error(e, worker)) from None
                 raise _request_error(e, worker) from None
             if msg is grpc.aio.EOF:
                 return None
@@ -313,7 +345,24 @@ class DisaggregatedBackend:
                 return msg  # type: ignore[no-any-return]
 
 
-def _request_error(e: grpc.aio.AioRpcError, worker: Worker) -> Exception:
+# Before its first message a decode worker that answers these has not started the request.
+_REFUSALS = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+
+
+class _Refused(Exception):
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def policy_options(name: str, local_prefill_max_tokens: int, block_size: int) -> dict[str, float]:
+    """The routing policy's options from the router's flags."""
+    if name != "kv_aware":
+        return {"local_prefill_max_tokens": local_prefill_max_tokens}
+    blocks = 10**9 if local_prefill_max_tokens < 0 else local_prefill_max_tokens // block_size
+    return {"local_prefill_max_blocks": blocks}
+
+
+def _request_error(e: grpc.aio.AioRpcError, worker: Target) -> Exception:
     code, details = e.code(), e.details() or ""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ValueError(details)
@@ -323,8 +372,8 @@ def _request_error(e: grpc.aio.AioRpcError, worker: Worker) -> Exception:
         return RequestError(ErrorKind.TIMEOUT, details)
     if code == grpc.StatusCode.CANCELLED:
         return RequestError(
-            ErrorKind.UNAVAILABLE, f"the {worker.role} worker {worker.target} cancelled it"
+            ErrorKind.UNAVAILABLE, f"the {worker.role} worker {worker.address} cancelled it"
         )
     return RequestError(
-        ErrorKind.UNAVAILABLE, f"{worker.role} worker {worker.target}: {code.name}: {details}"
+        ErrorKind.UNAVAILABLE, f"{worker.role} worker {worker.address}: {code.name}: {details}"
     )

@@ -100,8 +100,14 @@ def flags_of(parser: argparse.ArgumentParser, exclude: frozenset[str] = frozense
         inverted = isinstance(action, argparse._StoreFalseAction)
         out.append(
             Flag(
-                flag, key_of(flag), _kind(action), choices, default, action.help or "",
-                dest=action.dest, inverted=inverted,
+                flag,
+                key_of(flag),
+                _kind(action),
+                choices,
+                default,
+                action.help or "",
+                dest=action.dest,
+                inverted=inverted,
             )
         )
     return out
