@@ -19,20 +19,11 @@ from tests.helm.chart import (
     render,
     render_example,
 )
-from tests.helm.cli_args import ParseError, parse_pdserve_args
+from tests.helm.cli_args import parse_pdserve_args
 
 # The flags the chart passes that pdserve does not have yet, per role, and the issue that
 # brings them. When one lands, test_pending_flags_are_still_missing fails: drop it here.
-PENDING: dict[str, dict[str, int]] = {
-    "router": {
-        "--redis-url": 14,
-        "--redis-password-file": 14,
-        "--redis-ca-file": 14,
-    },
-    "worker": {},
-}
-# `pdserve router` still requires static worker addresses (issue 14 makes them optional).
-ROUTER_NEEDS_STATIC = "the following arguments are required: --decode, --prefill"
+PENDING: dict[str, dict[str, int]] = {"router": {}, "worker": {}}
 # Every pending feature on at once.
 ALL_PENDING = {
     "controlPlane": {"mode": "redis"},
@@ -42,13 +33,7 @@ ALL_PENDING = {
 
 
 def _unknown_flags(args: list[str], role: str) -> set[str]:
-    try:
-        return parse_pdserve_args(args).unknown_flags
-    except ParseError as e:
-        if role != "router" or ROUTER_NEEDS_STATIC not in str(e):
-            raise
-        # Redis mode gives the router no static addresses; what else would it lack?
-        return parse_pdserve_args([*args, "--decode", "d:1", "--prefill", "p:1"]).unknown_flags
+    return parse_pdserve_args(args).unknown_flags
 
 
 def _pending_of(role: str) -> dict[str, int]:
@@ -88,9 +73,6 @@ def test_pending_flags_are_still_missing() -> None:
         if c.init or c.role == "redis":
             continue
         assert _unknown_flags(c.spec["args"], c.role) == set(_pending_of(c.role)), c.role
-    with pytest.raises(ParseError, match=ROUTER_NEEDS_STATIC):
-        (router,) = [c for c in containers(objects(render(ALL_PENDING))) if c.role == "router"]
-        parse_pdserve_args(router.spec["args"])
 
 
 def test_download_init_container_args_parse_with_the_hf_cli(tmp_path: Path) -> None:
