@@ -20,6 +20,7 @@ from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
+from pdserve.tls import CertificateWatch
 from pdserve.worker_control import worker_control_plane
 from pdserve.worker_control_args import advertised_address, control_defaults
 from pdserve.worker_process import (
@@ -30,6 +31,7 @@ from pdserve.worker_process import (
     start_grpc_server,
     wait_for_stop_signal,
 )
+from pdserve.worker_security import NO_SECURITY, WorkerSecurity
 from protos.pdserve.v1 import control_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ async def serve(
     shutdown_grace_s: float = 5.0,
     heartbeat_s: float = HEARTBEAT_S,
     control: argparse.Namespace | None = None,
+    security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
@@ -57,11 +60,12 @@ async def serve(
     must be well above it). ``control``: the control-plane flags (pdserve.worker_control_args;
     default: no Redis). On SIGINT/SIGTERM it drains: unregistered and NOT_SERVING at once,
     new requests refused, those in flight get ``shutdown_grace_s``, then end with
-    UNAVAILABLE."""
+    UNAVAILABLE. ``security``: mutual TLS on the gRPC port and the KV listener."""
     control = control or control_defaults(host)
     connector = DecodeConnector(config.block_size)
     engine = LLMEngine(config, kv_connector=connector)
-    kind = resolve_transport(transport)
+    kind = resolve_transport(security.kv_transport(transport))
+    certificates = CertificateWatch()
     receiver = create_receiver(
         engine.kv_spec,
         engine.kv_cache.pool,
@@ -70,6 +74,7 @@ async def serve(
         host=kv_host,
         port=kv_port,
         default_lease_s=kv_lease_s,
+        ssl_context=security.kv_server_context(certificates),
     )
     await receiver.start()
     connector.attach(receiver)
@@ -85,8 +90,10 @@ async def serve(
         SERVICE_NAME,
         host,
         port,
+        security.server,
         extra=[(control_pb2_grpc.add_WorkerControlServicer_to_server, plane.servicer)],
     )
+    reload_task = asyncio.create_task(certificates.run())
     plane.bind(advertised_address(control, bound), receiver.endpoint)
     await plane.start()
     print(f"decode worker: grpc {host}:{bound}, kv {receiver.endpoint} ({kind})", flush=True)
@@ -105,6 +112,7 @@ async def serve(
     await wait_for_stop_signal()
     await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
     await drain(servicer.drain, health, shutdown_grace_s)
+    reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
     await server.stop(grace=0.5)
@@ -141,6 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
     prepare_worker_process()
     config = engine_config_from_args(a)
+    try:
+        security = WorkerSecurity.from_args(a)
+        security.kv_transport(a.kv_transport)
+    except ValueError as e:
+        p.error(str(e))
     asyncio.run(
         serve(
             config,
@@ -155,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.shutdown_grace_s,
             a.heartbeat_s,
             a,
+            security,
         )
     )
     exit_now(0)

@@ -30,3 +30,13 @@ class PeerLostError(KVTransferError):
 
 class TransferTimeoutError(KVTransferError, TimeoutError):
     """A wait ran past its deadline (the peer may be dead, stuck or partitioned)."""
+
+
+class PeerNotTrustedError(KVTransferError):
+    """The TLS handshake with the decode side failed: its certificate is not signed by the
+    release's CA, has expired or does not carry the expected name (or it refused ours)."""
+
+
+class PeerNotAllowedError(KVTransferError):
+    """A ticket points at an endpoint this prefill worker does not push KV to (not among
+    its known decode workers, ``--kv-allowed-peers``): refused before any connection."""

@@ -7,6 +7,7 @@ sender = KVSender(spec, kv_pool)        # prefill worker: speaks every available
 from __future__ import annotations
 
 import importlib.util
+import ssl
 from typing import Any
 
 from engine.kv_cache_spec import KVCacheSpec
@@ -50,16 +51,25 @@ def create_receiver(
     name: str | None = None,
     metrics: TransferMetrics | None = None,
     default_lease_s: float = DEFAULT_LEASE_S,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> ReceiverBase:
     """The decode worker's receiver for ``transport``; call ``await receiver.start()`` on the
     event loop that will serve it. ``host``: the interface it listens on (TCP and UCX);
-    ``port`` applies to TCP, ``name`` to in-process."""
+    ``port`` applies to TCP, ``name`` to in-process. ``ssl_context`` (TCP only: mutual TLS
+    on every KV connection) makes any other transport an error: UCX and in-process
+    connections carry no certificate."""
     kind = resolve_transport(transport)
+    if ssl_context is not None and kind != "tcp":
+        raise ValueError(
+            f"KV transport {kind!r} cannot authenticate its peers; with TLS use tcp"
+        )
     common: dict[str, Any] = {"metrics": metrics, "default_lease_s": default_lease_s}
     if kind == "tcp":
         from kv_transfer.tcp import TcpReceiver
 
-        return TcpReceiver(spec, pool, owner, host=host, port=port, **common)
+        return TcpReceiver(
+            spec, pool, owner, host=host, port=port, ssl_context=ssl_context, **common
+        )
     if kind == "inproc":
         from kv_transfer.inproc import InprocReceiver
 

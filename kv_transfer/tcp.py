@@ -11,19 +11,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from kv_transfer.errors import IncompatiblePeerError, PeerLostError, TransferTimeoutError
+from kv_transfer.errors import (
+    IncompatiblePeerError,
+    PeerLostError,
+    PeerNotTrustedError,
+    TransferTimeoutError,
+)
 from kv_transfer.receiver import PushPlan, ReceiverBase
+from kv_transfer.tcp_stream import ByteStream, accepted_stream, connected_stream
 from kv_transfer.wire import HEADER_PREFIX, MAX_HEADER_BYTES, encode_frame
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
 _DRAIN_CHUNK = 1 << 20
 _SOCKET_BUFFER = 4 << 20
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+
+_log = logging.getLogger(__name__)
 
 
 def _tune(sock: socket.socket) -> None:
@@ -34,24 +45,24 @@ def _tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
 
 
-async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: Any) -> None:
+async def _recv_exactly(stream: ByteStream, view: Any) -> None:
     view = memoryview(view).cast("B")
     got = 0
     while got < len(view):
-        n = await loop.sock_recv_into(sock, view[got:])
+        n = await stream.recv_into(view[got:])
         if n == 0:
             raise ConnectionError("peer closed the connection")
         got += n
 
 
-async def _read_frame(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> pb.KVFrame:
+async def _read_frame(stream: ByteStream) -> pb.KVFrame:
     prefix = bytearray(HEADER_PREFIX.size)
-    await _recv_exactly(loop, sock, prefix)
+    await _recv_exactly(stream, prefix)
     (size,) = HEADER_PREFIX.unpack(prefix)
     if size > MAX_HEADER_BYTES:
         raise ConnectionError(f"frame header of {size} bytes exceeds {MAX_HEADER_BYTES}")
     header = bytearray(size)
-    await _recv_exactly(loop, sock, header)
+    await _recv_exactly(stream, header)
     frame = pb.KVFrame()
     frame.ParseFromString(bytes(header))
     return frame
@@ -66,17 +77,27 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 class TcpReceiver(ReceiverBase):
-    """Decode side over TCP; listens on ``host:port`` (port 0: any free port)."""
+    """Decode side over TCP; listens on ``host:port`` (port 0: any free port). With
+    ``ssl_context`` (a server context requiring client certificates) every connection is
+    mutual TLS: a sender without a certificate the context trusts is cut at the handshake."""
 
     scheme = "tcp"
 
-    def __init__(self, *args: Any, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._host = host
         self._port = port
+        self._ssl = ssl_context
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
-        self._connections: dict[int, socket.socket] = {}
+        self._connections: dict[int, ByteStream] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._peer_ids = itertools.count(1)
 
@@ -100,66 +121,69 @@ class TcpReceiver(ReceiverBase):
             await asyncio.gather(self._accept_task, return_exceptions=True)
         if self._listener is not None:
             self._listener.close()
-        for sock in self._connections.values():
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        for stream in self._connections.values():
+            stream.shutdown()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _cut_peer(self, peer: object) -> None:
-        sock = self._connections.get(peer) if isinstance(peer, int) else None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # the pending recv returns 0: write fails
+        stream = self._connections.get(peer) if isinstance(peer, int) else None
+        if stream is not None:
+            stream.shutdown()  # the pending recv returns 0: write fails
 
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._listener is not None
         while True:
-            sock, _ = await loop.sock_accept(self._listener)
+            sock, address = await loop.sock_accept(self._listener)
             _tune(sock)
             peer = next(self._peer_ids)
-            self._connections[peer] = sock
-            task = asyncio.create_task(self._serve(sock, peer))
+            task = asyncio.create_task(self._serve(sock, peer, address))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, sock: socket.socket, peer: int) -> None:
-        loop = asyncio.get_running_loop()
+    async def _serve(self, sock: socket.socket, peer: int, address: Any) -> None:
+        stream: ByteStream | None = None
         try:
-            first = await _read_frame(loop, sock)
+            try:
+                stream = await accepted_stream(sock, self._ssl, TLS_HANDSHAKE_TIMEOUT_S)
+            except (OSError, TimeoutError) as e:
+                _log.warning("KV connection from %s refused: TLS handshake: %s", address, e)
+                self.metrics.record_failure("tls_handshake")
+                return
+            self._connections[peer] = stream
+            first = await _read_frame(stream)
             if first.WhichOneof("body") != "hello":
                 return
             reply = self.core.hello(first.hello)
-            await loop.sock_sendall(
-                sock, encode_frame(pb.KVFrame(seq=first.seq, hello_reply=reply))
-            )
+            await stream.sendall(encode_frame(pb.KVFrame(seq=first.seq, hello_reply=reply)))
             if reply.status != pb.KV_STATUS_OK:
                 return
             while True:
-                frame = await _read_frame(loop, sock)
-                answer = await self._handle(loop, sock, frame, peer)
-                await loop.sock_sendall(sock, encode_frame(pb.KVFrame(seq=frame.seq, ack=answer)))
+                frame = await _read_frame(stream)
+                answer = await self._handle(stream, frame, peer)
+                await stream.sendall(encode_frame(pb.KVFrame(seq=frame.seq, ack=answer)))
         except (ConnectionError, OSError):
             pass
         finally:
             self._connections.pop(peer, None)
             self.core.table.peer_lost(peer)
-            sock.close()
+            if stream is not None:
+                stream.close()  # closes the socket
+            else:
+                sock.close()
 
-    async def _handle(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, frame: pb.KVFrame, peer: int
-    ) -> pb.KVAck:
+    async def _handle(self, stream: ByteStream, frame: pb.KVFrame, peer: int) -> pb.KVAck:
         kind = frame.WhichOneof("body")
         if kind == "push":
             plan = self.core.begin_push(frame.push, peer)
             if not isinstance(plan, PushPlan):
-                await self._drain(loop, sock, frame.push.payload_bytes)
+                await self._drain(stream, frame.push.payload_bytes)
                 return plan
             ok = False
             try:
                 for span in plan.spans:
-                    await _recv_exactly(loop, sock, span)
+                    await _recv_exactly(stream, span)
                 ok = True
             finally:
                 answer = self.core.end_push(plan, ok)
@@ -171,19 +195,19 @@ class TcpReceiver(ReceiverBase):
         raise ConnectionError(f"unexpected {kind} frame")
 
     @staticmethod
-    async def _drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, num_bytes: int) -> None:
+    async def _drain(stream: ByteStream, num_bytes: int) -> None:
         scratch = memoryview(bytearray(min(num_bytes, _DRAIN_CHUNK)))
         while num_bytes:
             n = min(num_bytes, len(scratch))
-            await _recv_exactly(loop, sock, scratch[:n])
+            await _recv_exactly(stream, scratch[:n])
             num_bytes -= n
 
 
 class TcpChannel:
     """A sender's connection to one TCP receiver."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
+    def __init__(self, stream: ByteStream) -> None:
+        self._stream = stream
         self._loop = asyncio.get_running_loop()
         self._write_lock = asyncio.Lock()
         self._seq = itertools.count(1)
@@ -199,10 +223,9 @@ class TcpChannel:
     async def handshake(self, hello: pb.KVHello, timeout: float) -> None:
         seq = next(self._seq)
         await asyncio.wait_for(
-            self._loop.sock_sendall(self._sock, encode_frame(pb.KVFrame(seq=seq, hello=hello))),
-            timeout,
+            self._stream.sendall(encode_frame(pb.KVFrame(seq=seq, hello=hello))), timeout
         )
-        reply = await asyncio.wait_for(_read_frame(self._loop, self._sock), timeout)
+        reply = await asyncio.wait_for(_read_frame(self._stream), timeout)
         if reply.WhichOneof("body") != "hello_reply":
             raise PeerLostError(f"expected a hello reply, got {reply.WhichOneof('body')}")
         if reply.hello_reply.status != pb.KV_STATUS_OK:
@@ -249,9 +272,9 @@ class TcpChannel:
         # A frame cut in half (error, timeout, cancellation) desynchronizes the stream: the
         # connection is then finished, and every call waiting on it fails with PeerLostError.
         try:
-            await self._loop.sock_sendall(self._sock, encode_frame(frame))
+            await self._stream.sendall(encode_frame(frame))
             for span in payload:
-                await self._loop.sock_sendall(self._sock, span.data.cast("B"))
+                await self._stream.sendall(span.data.cast("B"))
         except OSError as e:
             self._fail(e)
             raise PeerLostError(f"send failed: {e}") from e
@@ -262,7 +285,7 @@ class TcpChannel:
     async def _read_replies(self) -> None:
         try:
             while True:
-                frame = await _read_frame(self._loop, self._sock)
+                frame = await _read_frame(self._stream)
                 future = self._replies.get(frame.seq)
                 if future is not None and not future.done():
                     future.set_result(frame)
@@ -277,8 +300,7 @@ class TcpChannel:
         for future in self._replies.values():
             if not future.done():
                 future.set_exception(PeerLostError(f"connection lost: {error}"))
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+        self._stream.shutdown()
 
     async def close(self) -> None:
         self._fail(PeerLostError("channel closed"))
@@ -287,11 +309,21 @@ class TcpChannel:
             await asyncio.gather(self._reader, return_exceptions=True)
         # Failed above: each exchange ends at once (its reply fails, its write errors).
         await asyncio.gather(*self._exchanges, return_exceptions=True)
-        self._sock.close()
+        self._stream.close()
 
 
 class TcpConnector:
+    """Opens TCP channels; with ``ssl_context`` (a client context holding this worker's
+    certificate) over mutual TLS, checking that the receiver's certificate chains to the
+    context's CA and names ``server_name`` (default: the host of the endpoint)."""
+
     scheme = "tcp"
+
+    def __init__(
+        self, ssl_context: ssl.SSLContext | None = None, server_name: str | None = None
+    ) -> None:
+        self._ssl = ssl_context
+        self._server_name = server_name
 
     async def connect(self, endpoint: str, hello: pb.KVHello, timeout: float) -> TcpChannel:
         host, port = parse_endpoint(endpoint)
@@ -299,11 +331,21 @@ class TcpConnector:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         _tune(sock)
+        stream: ByteStream | None = None
         try:
             await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
-            channel = TcpChannel(sock)
+            try:
+                stream = await connected_stream(
+                    sock, self._ssl, self._server_name or host, timeout
+                )
+            except ssl.SSLError as e:
+                raise PeerNotTrustedError(f"TLS handshake with {endpoint} failed: {e}") from e
+            channel = TcpChannel(stream)
             await channel.handshake(hello, timeout)
         except BaseException:
-            sock.close()
+            if stream is not None:
+                stream.close()  # closes the socket
+            else:
+                sock.close()
             raise
         return channel

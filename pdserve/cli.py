@@ -67,11 +67,13 @@ def _cmd_serve(a: argparse.Namespace) -> int:
 
 
 def _router_options(a: argparse.Namespace) -> Any:
+    from router.security import RouterSecurity
     from router.server import ServerOptions
 
     if a.max_queue < 1:
         raise ValueError(f"--max-queue must be at least 1, got {a.max_queue}")
     return ServerOptions(
+        security=RouterSecurity.from_args(a),
         host=a.host,
         grpc_port=a.grpc_port,
         http_port=a.http_port,
@@ -97,6 +99,9 @@ def _run_router(
     try:
         metrics = _router_metrics(a, backend, mode)
         asyncio.run(serve_router(backend, _router_options(a), ready, metrics, on_drained))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -186,6 +191,9 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="decode prefills prompts up to this length itself (0 = always remote)",
     )
+    from router.security import add_security_args
+
+    add_security_args(p)
     slo = p.add_argument_group("SLOs (goodput and SLO-violation metrics)")
     slo.add_argument("--slo-ttft-ms", type=float, default=None, help="time-to-first-token SLO")
     slo.add_argument(

@@ -9,6 +9,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdserve.tls import ClientTls
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,12 +78,16 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def wait_healthy(target: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def wait_healthy(
+    target: str, proc: subprocess.Popen[bytes], timeout_s: float, tls: ClientTls | None = None
+) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from pdserve.tls import open_sync_channel
+
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(target) as channel:
+    with open_sync_channel(target, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -55,7 +55,9 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
     from router.cluster_router import ClusterRouter
     from router.disaggregated_backend import DisaggregatedBackend, policy_options
     from router.routing import make_policy
+    from router.security import RouterSecurity
 
+    tls = RouterSecurity.from_args(a).worker_tls  # --worker-tls-*: mutual TLS to the workers
     url = redis_url_of(a)
     cluster = None
     if url:
@@ -65,6 +67,7 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
             a.cluster_name,
             make_policy(a.routing_policy, **options),
             a.local_prefill_max_tokens,
+            tls=tls,
         )
     elif not decode or not prefill:
         raise ValueError("give --redis-url, or the workers with --decode and --prefill")
@@ -79,6 +82,7 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
         stall_timeout_s=a.stall_timeout_s,
         routing_policy=a.routing_policy,
         cluster=cluster,
+        worker_tls=tls,
     )
 
 
@@ -93,6 +97,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
         terminate,
         wait_healthy,
     )
+    from pdserve.launch_security import WorkerLaunchSecurity
 
     if a.prefill_workers < 1 or a.decode_workers < 1:
         print("error: --prefill-workers and --decode-workers must be at least 1", file=sys.stderr)
@@ -124,6 +129,10 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
             for flag in ("redis_password_file", "redis_ca_file"):
                 if getattr(a, flag):
                     common += [f"--{flag.replace('_', '-')}", getattr(a, flag)]
+        security = WorkerLaunchSecurity.from_args(
+            a, transport, lambda p: _port_or_free(a.worker_host, p), a.decode_workers
+        )
+        transport = security.transport
         targets: dict[str, list[str]] = {"decode": [], "prefill": []}
         for role, count, first_port, cpus, extra in (
             (
@@ -145,6 +154,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
             for i in range(count):
                 port = _port_or_free(a.worker_host, first_port + i if first_port else 0)
                 args = [*common, *extra, "--host", a.worker_host]
+                args += security.decode_argv(i) if role == "decode" else security.prefill_argv()
                 args += [
                     "--metrics-port",
                     str(metrics_port + i if metrics_port > 0 else metrics_port),
@@ -152,7 +162,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
                 procs.append(start_worker(role, model, port, args, cpus))
                 targets[role].append(f"{a.worker_host}:{port}")
         for target, proc in zip([*targets["decode"], *targets["prefill"]], procs, strict=True):
-            wait_healthy(target, proc, a.worker_start_timeout_s)
+            wait_healthy(target, proc, a.worker_start_timeout_s, security.router_tls)
         static = not a.redis_url
         backend = make_backend(
             a,

@@ -16,7 +16,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.options import add_engine_args
+from pdserve.tls import ServerTls, add_port
 from pdserve.worker_control_args import add_control_args
+from pdserve.worker_security import add_tls_args
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
@@ -36,6 +38,7 @@ def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
         default=5.0,
         help="on SIGTERM, requests in flight get this long to finish (then UNAVAILABLE)",
     )
+    add_tls_args(p)
     add_engine_args(p)
     add_control_args(p)
 
@@ -59,19 +62,20 @@ async def start_grpc_server(
     service_name: str,
     host: str,
     port: int,
+    tls: ServerTls | None = None,
     extra: Sequence[tuple[Any, Any]] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Serve ``servicer`` (and each ``(add_servicer, servicer)`` of ``extra``) and
     grpc.health.v1 (SERVING for "" and ``service_name``) on ``host:port`` (0 = any free
     port); returns the server, its bound port and the health servicer (``drain`` turns it
-    NOT_SERVING)."""
+    NOT_SERVING). ``tls``: the port speaks only (mutual) TLS."""
     server = grpc.aio.server()
     add_servicer(servicer, server)
     for add, other in extra:
         add(other, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", tls)
     await server.start()
     for name in ("", service_name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,7 @@ from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
+from pdserve.tls import CertificateWatch
 from pdserve.worker_control import worker_control_plane
 from pdserve.worker_control_args import advertised_address, control_defaults
 from pdserve.worker_process import (
@@ -27,6 +28,7 @@ from pdserve.worker_process import (
     start_grpc_server,
     wait_for_stop_signal,
 )
+from pdserve.worker_security import NO_SECURITY, WorkerSecurity, add_kv_peer_args
 from prefill_service.service import PrefillWorkerService
 from protos.pdserve.v1 import control_pb2_grpc, worker_pb2_grpc
 
@@ -43,13 +45,16 @@ async def serve(
     shutdown_grace_s: float = 5.0,
     kv_host: str = "127.0.0.1",
     control: argparse.Namespace | None = None,
+    security: WorkerSecurity = NO_SECURITY,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
     ``kv_host``: the interface of any KV transport listener (UCX connects back to one).
     On SIGINT/SIGTERM it drains: NOT_SERVING at once, prefills in flight (and those of
     requests already started) get ``shutdown_grace_s``, then end with UNAVAILABLE.
-    ``control``: the control-plane flags (pdserve.worker_control_args; default: no Redis)."""
+    ``control``: the control-plane flags (pdserve.worker_control_args; default: no Redis).
+    ``security``: mutual TLS on the gRPC port and to decode's KV listeners; the KV peers
+    tickets may name."""
     control = control or control_defaults(host)
     connector = PrefillConnector()
     engine = LLMEngine(config, kv_connector=connector)
@@ -65,7 +70,14 @@ async def serve(
         queued_prefill_tokens=lambda: servicer.num_queued_tokens,
     )
     aengine = AsyncEngine(engine, on_step=plane.on_step)
-    sender = KVSender(engine.kv_spec, engine.kv_cache.pool, host=kv_host)
+    certificates = CertificateWatch()
+    sender = KVSender(
+        engine.kv_spec,
+        engine.kv_cache.pool,
+        connectors=security.kv_connectors(certificates),
+        host=kv_host,
+        peers=security.peers,
+    )
     servicer = PrefillWorkerService(aengine, connector, sender)
     server, bound, health = await start_grpc_server(
         worker_pb2_grpc.add_PrefillWorkerServicer_to_server,
@@ -73,8 +85,10 @@ async def serve(
         SERVICE_NAME,
         host,
         port,
+        security.server,
         extra=[(control_pb2_grpc.add_WorkerControlServicer_to_server, plane.servicer)],
     )
+    reload_task = asyncio.create_task(certificates.run())
     plane.bind(advertised_address(control, bound))
     await plane.start()
     print(f"prefill worker: grpc {host}:{bound}", flush=True)
@@ -93,6 +107,7 @@ async def serve(
     await wait_for_stop_signal()
     await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
     await drain(servicer.drain, health, shutdown_grace_s)
+    reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
     await server.stop(grace=0.5)
@@ -108,9 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdserve prefill", description="run a prefill worker")
     add_worker_args(p, default_port=50071)
     p.add_argument("--kv-host", default="127.0.0.1", help="interface of KV listeners (UCX)")
+    add_kv_peer_args(p)
     a = p.parse_args(argv)
     prepare_worker_process()
     config = engine_config_from_args(a)
+    try:
+        security = WorkerSecurity.from_args(a)
+    except ValueError as e:
+        p.error(str(e))
     asyncio.run(
         serve(
             config,
@@ -121,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.shutdown_grace_s,
             a.kv_host,
             a,
+            security,
         )
     )
     exit_now(0)

@@ -26,7 +26,7 @@ from engine.kv_connector.params import KVTransferParams
 from engine.metrics import LATENCY_BUCKETS_S, Histogram
 from engine.outputs import RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
-from kv_transfer.errors import IncompatiblePeerError
+from kv_transfer.errors import IncompatiblePeerError, PeerNotAllowedError
 from kv_transfer.prefill_connector import EngineStalledError, PrefillConnector
 from pdserve.wire import sampling_params_from_proto
 from pdserve.worker_process import Drain, integrity_error
@@ -79,6 +79,8 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             transfer = await self._sender.open(ticket)
         except IncompatiblePeerError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except PeerNotAllowedError as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except KVTransferError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
         done = self._connector.start_job(rid, transfer)

@@ -34,6 +34,7 @@ from control_plane.redis_store import RedisStore
 from control_plane.static_source import StaticClusterSource
 from control_plane.worker_info import WorkerInfo, WorkerRole
 from engine.block_hash import hash_block_tokens
+from pdserve.tls import ClientTls, open_channel
 from protos.pdserve.v1 import worker_pb2_grpc
 from router.backend import Load
 from router.errors import ErrorKind, RequestError
@@ -75,9 +76,12 @@ class ClusterRouter:
         policy: RoutingPolicy,
         local_prefill_max_tokens: int = 0,
         store: RedisStore | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         """Use ``static`` or ``redis``. ``local_prefill_max_tokens``: prompts this short may
-        be prefilled on decode even when no prefill worker is routable (-1: every prompt)."""
+        be prefilled on decode even when no prefill worker is routable (-1: every prompt).
+        ``tls``: dial the workers over mutual TLS (pdserve.tls)."""
+        self._tls = tls
         self.view = view
         self.source: Source | None = None
         # Made in start(): gRPC aio channels belong to the event loop that creates them.
@@ -97,9 +101,10 @@ class ClusterRouter:
         policy: RoutingPolicy,
         local_prefill_max_tokens: int = 0,
         poll_s: float = 0.1,
+        tls: ClientTls | None = None,
     ) -> ClusterRouter:
         view = ClusterView(adopt_fingerprint=True)
-        router = cls(view, LocalLedger(view), policy, local_prefill_max_tokens)
+        router = cls(view, LocalLedger(view), policy, local_prefill_max_tokens, tls=tls)
 
         def source() -> Source:
             channels = {a: router.channel(a) for a in (*decode, *prefill)}
@@ -116,11 +121,12 @@ class ClusterRouter:
         policy: RoutingPolicy,
         local_prefill_max_tokens: int = 0,
         load_poll_s: float = 0.1,
+        tls: ClientTls | None = None,
     ) -> ClusterRouter:
         view = ClusterView(adopt_fingerprint=True)
         store = RedisStore(url, cluster)
         ledger = RedisLedger(store, view)
-        router = cls(view, ledger, policy, local_prefill_max_tokens, store)
+        router = cls(view, ledger, policy, local_prefill_max_tokens, store, tls)
         router._make_source = lambda: RedisClusterSource(
             store, view, router._snapshot, load_poll_s=load_poll_s
         )
@@ -217,7 +223,7 @@ class ClusterRouter:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = open_channel(address, self._tls)
         return channel
 
     # ------------------------------------------------------------------ private

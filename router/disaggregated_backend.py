@@ -33,6 +33,7 @@ import grpc
 
 from engine.model_card import load_model_card
 from engine.outputs import RequestOutput
+from pdserve.tls import ClientTls
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
 from router.backend import GenerateRequest, Load, ModelInfo, served_names
@@ -60,6 +61,7 @@ class DisaggregatedBackend:
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         routing_policy: str = "kv_aware",
         cluster: ClusterRouter | None = None,
+        worker_tls: ClientTls | None = None,
     ) -> None:
         """Workers come from ``cluster`` (e.g. ``ClusterRouter.redis``) or, without it, from
         the static ``decode_targets`` and ``prefill_targets``. ``stall_timeout_s``: a decode
@@ -67,7 +69,8 @@ class DisaggregatedBackend:
         send a heartbeat every ``--heartbeat-s`` (1 s by default) while they have nothing
         else to send, so keep it well above that. ``local_prefill_max_tokens``: prompts up to
         this long may be prefilled on decode (-1: all; 0: only when decode caches most of
-        the prompt, as the kv_aware policy judges)."""
+        the prompt, as the kv_aware policy judges). ``worker_tls``: dial static workers over
+        mutual TLS (pdserve.tls; a given ``cluster`` brings its own)."""
         if stall_timeout_s <= 0:
             raise ValueError(f"--stall-timeout-s must be positive, got {stall_timeout_s}")
         if cluster is None:
@@ -78,7 +81,12 @@ class DisaggregatedBackend:
                 **policy_options(routing_policy, local_prefill_max_tokens, block_size),
             )
             cluster = ClusterRouter.static(
-                decode_targets, prefill_targets, policy, local_prefill_max_tokens, load_poll_s
+                decode_targets,
+                prefill_targets,
+                policy,
+                local_prefill_max_tokens,
+                load_poll_s,
+                tls=worker_tls,
             )
         mc = load_model_card(model)
         self._text = TokenizerOps(model)

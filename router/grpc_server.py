@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -11,6 +11,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from pdserve.tls import ServerTls, add_port
 from pdserve.wire import delta_to_proto, sampling_params_from_proto
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
@@ -179,15 +180,22 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 class GrpcServer:
     """The aio server with the generation, health and reflection services on one port."""
 
-    def __init__(self, router: Router, address: str) -> None:
-        self.server = grpc.aio.server()
+    def __init__(
+        self,
+        router: Router,
+        address: str,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        tls: ServerTls | None = None,
+    ) -> None:
+        """``interceptors``: e.g. API keys (router.auth_grpc); ``tls``: serve TLS only."""
+        self.server = grpc.aio.server(interceptors=list(interceptors))
         self._add_generation_service(GenerationServicer(router))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(address)
+        self.port = add_port(self.server, address, tls)
         if self.port == 0:
             raise OSError(f"cannot listen for gRPC on {address}")
 

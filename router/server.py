@@ -8,7 +8,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 
@@ -17,6 +17,7 @@ from router.backend import Backend
 from router.grpc_server import GrpcServer
 from router.metrics import RouterMetrics
 from router.openai_http import build_app
+from router.security import RouterGuard, RouterSecurity
 from router.service import Router
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class ServerOptions:
     max_queue: int = 256  # requests in flight through the router before 429/RESOURCE_EXHAUSTED
     retry_after_s: float = 1.0
     shutdown_grace_s: float = 5.0
+    security: RouterSecurity = field(default_factory=RouterSecurity)  # keys, TLS
 
 
 class _Uvicorn(uvicorn.Server):
@@ -72,22 +74,36 @@ async def serve_router(
     """
     await backend.start()
     router = Router(backend, Admission(options.max_queue, options.retry_after_s), metrics)
-    grpc_server = GrpcServer(router, _hostport(options.host, options.grpc_port))
+    security = options.security
+    guard = RouterGuard(
+        security, router.metrics.registry, router.metrics.role, router.metrics.model
+    )
+    grpc_server = GrpcServer(
+        router,
+        _hostport(options.host, options.grpc_port),
+        guard.grpc_interceptors(),
+        security.tls,
+    )
     sock = _listen(options.host, options.http_port)
     http_port = sock.getsockname()[1]
     http = _Uvicorn(
         uvicorn.Config(
-            build_app(router),
+            guard.wrap_http(build_app(router)),
             log_level="warning",
             lifespan="off",
             # Drained before uvicorn is told to stop: what is left are idle connections.
             timeout_graceful_shutdown=1,
+            **guard.uvicorn_tls(),
         )
     )
+    http.config.load()  # builds its SSLContext, which the guard reloads on rotation
+    guard.watch_http_context(http.config.ssl)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, guard.reload_keys)
+    guard_task = asyncio.create_task(guard.run())
     await grpc_server.start()
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
     try:
@@ -99,12 +115,13 @@ async def serve_router(
         if on_ready is not None:
             on_ready(
                 _hostport(options.host, grpc_server.port),
-                f"http://{_hostport(options.host, http_port)}",
+                f"{security.scheme}://{_hostport(options.host, http_port)}",
             )
         stop_wait = asyncio.create_task(stop.wait())
         await asyncio.wait({stop_wait, http_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
     finally:
+        guard_task.cancel()
         logger.info("draining for up to %.1fs", options.shutdown_grace_s)
         router.begin_drain(options.shutdown_grace_s)
         await grpc_server.health.enter_graceful_shutdown()
@@ -115,5 +132,5 @@ async def serve_router(
         http.should_exit = True
         await asyncio.gather(grpc_server.stop(0.5), http_task, return_exceptions=True)
         await backend.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)

@@ -30,6 +30,17 @@ CHART_OWNED = frozenset(
         "--shutdown-grace-s",  # drain.seconds
         "--decode",  # static control plane: the decode Service
         "--prefill",
+        # Security: from Secrets mounted as files (auth.apiKeys, tls.router, tls.internal).
+        "--api-key",
+        "--api-key-file",
+        "--auth-exempt",
+        "--tls-cert-file",
+        "--tls-key-file",
+        "--tls-client-ca-file",
+        "--worker-tls-ca-file",
+        "--worker-tls-cert-file",
+        "--worker-tls-key-file",
+        "--worker-tls-server-name",
     }
 )
 # Engine flags every process must agree on: set once under `engine`, never per pool.

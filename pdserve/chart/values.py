@@ -147,7 +147,13 @@ class Redis(Closed):
 class KvTransfer(Closed):
     transport: Literal["tcp", "ucx"] = Field(
         default="tcp",
-        description="ucx needs the cuda image; its NetworkPolicy opens release pods' ports",
+        description="ucx needs the cuda image; its NetworkPolicy opens release pods' ports; "
+        "tls.internal needs tcp",
+    )
+    allowed_peers: list[str] = Field(
+        default_factory=list,
+        description="prefill --kv-allowed-peers: the only KV endpoints a ticket may name "
+        "(host, host:port or CIDR, e.g. the pod network); empty: any",
     )
 
 
@@ -162,7 +168,11 @@ class Drain(Closed):
 
 
 class ApiKeys(Closed):
-    existing_secret: str = Field(default="", description="PENDING (issue 16): --api-key-file")
+    existing_secret: str = Field(
+        default="",
+        description="a Secret holding the accepted API keys, one per line (--api-key-file; "
+        "reloaded when the Secret changes)",
+    )
     key: str = "api-keys"
 
 
@@ -170,18 +180,32 @@ class Auth(Closed):
     api_keys: ApiKeys = Field(default_factory=ApiKeys)
 
 
-class TlsSecret(Closed):
-    existing_secret: str = Field(default="", description="a kubernetes.io/tls Secret (+ ca.crt)")
+class RouterTls(Closed):
+    existing_secret: str = Field(
+        default="", description="a kubernetes.io/tls Secret: HTTPS and gRPC TLS on the router"
+    )
+    verify_clients: bool = Field(
+        default=False,
+        description="clients need a certificate signed by the Secret's ca.crt (mutual TLS)",
+    )
+
+
+class InternalTls(Closed):
+    existing_secret: str = Field(
+        default="",
+        description="a kubernetes.io/tls Secret with ca.crt: mutual TLS between router and "
+        "workers and on the KV channel (needs kvTransfer.transport tcp)",
+    )
+    server_name: str = Field(
+        default="pdserve-internal",
+        description="a DNS name the internal certificate carries; every process checks its "
+        "peers' certificates for it (KV peers are dialled by pod IP)",
+    )
 
 
 class Tls(Closed):
-    router: TlsSecret = Field(
-        default_factory=TlsSecret, description="PENDING (issue 16): the router's HTTP and gRPC"
-    )
-    internal: TlsSecret = Field(
-        default_factory=TlsSecret,
-        description="PENDING (issue 16): mTLS between router and workers and for KV control",
-    )
+    router: RouterTls = Field(default_factory=RouterTls)
+    internal: InternalTls = Field(default_factory=InternalTls)
 
 
 class ServiceAccount(Closed):

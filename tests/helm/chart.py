@@ -19,7 +19,7 @@ EXAMPLES = sorted(p.stem for p in EXAMPLES_DIR.glob("*.yaml"))
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 RELEASE, NAMESPACE = "pdserve", "llm"
 # Examples whose values pass flags pdserve does not have yet (see docs/kubernetes.md).
-PENDING_EXAMPLES = {"tls"}
+PENDING_EXAMPLES: set[str] = set()
 
 
 def example_values(name: str) -> dict[str, Any]:

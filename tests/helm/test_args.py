@@ -23,28 +23,12 @@ from tests.helm.cli_args import parse_pdserve_args
 
 # The flags the chart passes that pdserve does not have yet, per role, and the issue that
 # brings them. When one lands, test_pending_flags_are_still_missing fails: drop it here.
-PENDING: dict[str, dict[str, int]] = {
-    "router": {
-        "--api-key-file": 16,
-        "--tls-cert-file": 16,
-        "--tls-key-file": 16,
-        "--worker-tls-ca-file": 16,
-        "--worker-tls-cert-file": 16,
-        "--worker-tls-key-file": 16,
-    },
-    "worker": {
-        "--tls-ca-file": 16,
-        "--tls-cert-file": 16,
-        "--tls-key-file": 16,
-    },
-}
+PENDING: dict[str, dict[str, int]] = {"router": {}, "worker": {}}
 # Every pending feature on at once.
 ALL_PENDING = {
     "controlPlane": {"mode": "redis"},
     "redis": {"auth": {"existingSecret": "r"}, "tls": {"enabled": True, "existingSecret": "t"}},
     "drain": {"workerGraceFlag": True},
-    "auth": {"apiKeys": {"existingSecret": "k"}},
-    "tls": {"router": {"existingSecret": "a"}, "internal": {"existingSecret": "b"}},
 }
 
 

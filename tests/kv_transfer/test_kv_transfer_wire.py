@@ -15,6 +15,7 @@ from engine.block_hash import hash_block_tokens
 from kv_transfer import KVTransferError, ReservationTicket, resolve_transport
 from kv_transfer.compatibility import PROTOCOL_VERSION, compatibility_of, incompatibility
 from kv_transfer.tcp import TcpReceiver, _read_frame, parse_endpoint
+from kv_transfer.tcp_stream import SocketStream
 from kv_transfer.wire import encode_frame, segment_runs
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
@@ -83,7 +84,7 @@ def test_tcp_write_stalled_at_lease_expiry_is_cut_and_never_applied_after_releas
         await loop.sock_connect(sock, parse_endpoint(receiver.endpoint))
         hello = pb.KVHello(compatibility=compatibility_of(SPEC))
         await loop.sock_sendall(sock, encode_frame(pb.KVFrame(seq=1, hello=hello)))
-        assert (await _read_frame(loop, sock)).hello_reply.status == pb.KV_STATUS_OK
+        assert (await _read_frame(SocketStream(sock))).hello_reply.status == pb.KV_STATUS_OK
         push = pb.KVPush(
             request_id="stall",
             token=ticket.token,
@@ -103,7 +104,7 @@ def test_tcp_write_stalled_at_lease_expiry_is_cut_and_never_applied_after_releas
             for _ in range(64):
                 await loop.sock_sendall(sock, b"\x02" * (1 << 16))
                 await asyncio.sleep(0)
-            await _read_frame(loop, sock)
+            await _read_frame(SocketStream(sock))
         sock.close()
         assert receiver.metrics.snapshot().failures == {"expired": 1}
         await receiver.close()

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ class Server:
     model: str
     lines: list[str]
     colocated: bool = True
+    # httpx options for the harness's own calls (TLS: {"verify": ssl context}).
+    httpx_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_pools(self) -> int:
@@ -49,7 +51,7 @@ class Server:
 
     def health(self) -> dict[str, Any]:
         """/health's body, also when it says 503 (unavailable, draining)."""
-        r = httpx.get(f"{self.http_url}/health", timeout=10)
+        r = httpx.get(f"{self.http_url}/health", timeout=10, **self.httpx_options)
         if r.status_code != 503:
             r.raise_for_status()
         return dict(r.json())
@@ -91,14 +93,22 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
-def start_server(model: Path, *extra: str, colocated: bool = True) -> Server:
+def start_server(
+    model: Path,
+    *extra: str,
+    colocated: bool = True,
+    httpx_options: dict[str, Any] | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> Server:
     """Launch on free ports (the server prints them) and wait until /health says ok.
-    ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes)."""
+    ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes).
+    ``httpx_options``: how the harness calls /health (e.g. TLS verification); ``env_extra``:
+    added to the server's environment."""
     cmd = [
         "serve", *(["--colocated"] if colocated else []),
         "--model", str(model), "--dtype", "float32", *extra,
     ]  # fmt: skip
-    return launch(cmd, colocated)
+    return launch(cmd, colocated, httpx_options, env_extra)
 
 
 def start_router(
@@ -113,10 +123,16 @@ def start_router(
     return launch([*cmd, *extra], colocated=False)
 
 
-def launch(pdserve_args: Sequence[str], colocated: bool) -> Server:
+def launch(
+    pdserve_args: Sequence[str],
+    colocated: bool,
+    httpx_options: dict[str, Any] | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> Server:
     """Run ``python -m pdserve ARGS --grpc-port 0 --http-port 0 --served-model-name tiny``
     and wait until it serves and /health says ok."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = [
         sys.executable, "-m", "pdserve", pdserve_args[0],
@@ -152,7 +168,9 @@ def launch(pdserve_args: Sequence[str], colocated: bool) -> Server:
     if not ready.wait(STARTUP_TIMEOUT_S) or "http" not in found:
         _kill_group(proc)
         raise RuntimeError("server did not start:\n" + "".join(lines))
-    server = Server(proc, found["grpc"], found["http"], "tiny", lines, colocated)
+    server = Server(
+        proc, found["grpc"], found["http"], "tiny", lines, colocated, dict(httpx_options or {})
+    )
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -64,6 +64,10 @@
 - {{ printf "%s/tls.crt" (include "pdserve.secretDir" "router-tls") | quote }}
 - --tls-key-file
 - {{ printf "%s/tls.key" (include "pdserve.secretDir" "router-tls") | quote }}
+{{- if $v.tls.router.verifyClients }}
+- --tls-client-ca-file
+- {{ printf "%s/ca.crt" (include "pdserve.secretDir" "router-tls") | quote }}
+{{- end }}
 {{- end }}
 {{- with $v.tls.internal.existingSecret }}
 - --worker-tls-ca-file
@@ -72,6 +76,10 @@
 - {{ printf "%s/tls.crt" (include "pdserve.secretDir" "internal-tls") | quote }}
 - --worker-tls-key-file
 - {{ printf "%s/tls.key" (include "pdserve.secretDir" "internal-tls") | quote }}
+{{- with $v.tls.internal.serverName }}
+- --worker-tls-server-name
+- {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -106,11 +114,24 @@
 - {{ $v.drain.seconds | quote }}
 {{- end }}
 {{- with $v.tls.internal.existingSecret }}
+{{- if ne $v.kvTransfer.transport "tcp" }}
+{{- fail "tls.internal needs kvTransfer.transport tcp: UCX connections carry no certificate" }}
+{{- end }}
 - --tls-ca-file
 - {{ printf "%s/ca.crt" (include "pdserve.secretDir" "internal-tls") | quote }}
 - --tls-cert-file
 - {{ printf "%s/tls.crt" (include "pdserve.secretDir" "internal-tls") | quote }}
 - --tls-key-file
 - {{ printf "%s/tls.key" (include "pdserve.secretDir" "internal-tls") | quote }}
+{{- with $v.tls.internal.serverName }}
+- --tls-server-name
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if eq .role "prefill" }}
+{{- range $v.kvTransfer.allowedPeers }}
+- --kv-allowed-peers
+- {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}

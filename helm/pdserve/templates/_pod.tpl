@@ -33,15 +33,23 @@
 {{- $p := $pool.probes -}}
 {{- $grpc := int $pool.ports.grpc -}}
 {{- $service := ternary "pdserve.v1.PrefillWorker" "pdserve.v1.DecodeWorker" (eq .role "prefill") -}}
+{{- $tls := ternary .root.Values.tls.router.existingSecret .root.Values.tls.internal.existingSecret (eq .role "router") -}}
+{{- /* The kubelet's gRPC probe speaks no TLS: behind TLS, "alive" is an open port. */ -}}
+{{- $alive := ternary (dict "tcpSocket" (dict "port" $grpc)) (dict "grpc" (dict "port" $grpc)) (not (empty $tls)) -}}
 startupProbe:
-  grpc:
-    port: {{ $grpc }}
+  {{- toYaml $alive | nindent 2 }}
   {{- toYaml $p.startup | nindent 2 }}
 readinessProbe:
 {{- if eq .role "router" }}
   httpGet:
     path: /health
     port: http
+    {{- if $tls }}
+    scheme: HTTPS
+    {{- end }}
+{{- else if $tls }}
+  tcpSocket:
+    port: {{ $grpc }}
 {{- else }}
   grpc:
     port: {{ $grpc }}
@@ -49,8 +57,7 @@ readinessProbe:
 {{- end }}
   {{- toYaml $p.readiness | nindent 2 }}
 livenessProbe:
-  grpc:
-    port: {{ $grpc }}
+  {{- toYaml $alive | nindent 2 }}
   {{- toYaml $p.liveness | nindent 2 }}
 {{- end -}}
 

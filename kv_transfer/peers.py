@@ -1,0 +1,96 @@
+"""Which decode endpoints a prefill worker pushes KV to (``--kv-allowed-peers``).
+
+A ticket names the endpoint the prefill worker connects to and writes the prompt's KV into;
+whoever hands it a ticket picks that endpoint. ``PeerPolicy`` limits it to the release's
+decode workers. Entries, any mix:
+
+    tcp://10.0.3.7:7100   one endpoint exactly (any scheme, e.g. a ucx:// address too)
+    10.0.3.7:7100         host and port of a tcp:// endpoint
+    10.0.3.7, decode-0    a host, any port
+    10.0.0.0/16           a network (IPv4 or IPv6), any port
+
+Host names are compared as written (no DNS lookup at check time: the ticket's host must be
+the name or address listed).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kv_transfer.errors import PeerNotAllowedError
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _host_port(endpoint: str) -> tuple[str, int | None] | None:
+    """``tcp://host:port`` -> ``(host, port)``; None for other schemes (a ucx:// endpoint is a
+    worker address, an inproc:// one a name in this process: only exact entries match)."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme != "tcp":
+        return None
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return rest.strip("[]").lower(), None
+    return host.strip("[]").lower(), int(port)
+
+
+@dataclass(frozen=True)
+class PeerPolicy:
+    endpoints: frozenset[str]
+    host_ports: frozenset[tuple[str, int]]
+    hosts: frozenset[str]
+    networks: tuple[Network, ...]
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> PeerPolicy:
+        """Raises ``ValueError`` naming a malformed entry."""
+        endpoints: set[str] = set()
+        host_ports: set[tuple[str, int]] = set()
+        hosts: set[str] = set()
+        networks: list[Network] = []
+        for raw in entries:
+            for entry in (e.strip() for e in raw.split(",")):
+                if not entry:
+                    continue
+                if "://" in entry:
+                    endpoints.add(entry)
+                elif "/" in entry:
+                    try:
+                        networks.append(ipaddress.ip_network(entry, strict=False))
+                    except ValueError:
+                        raise ValueError(f"--kv-allowed-peers: {entry!r} is no network") from None
+                else:
+                    parsed = _host_port(f"tcp://{entry}")
+                    assert parsed is not None
+                    host, port = parsed
+                    if not host:
+                        raise ValueError(f"--kv-allowed-peers: {entry!r} names no host")
+                    if port is None:
+                        hosts.add(host)
+                    else:
+                        host_ports.add((host, port))
+        return cls(frozenset(endpoints), frozenset(host_ports), frozenset(hosts), tuple(networks))
+
+    def allows(self, endpoint: str) -> bool:
+        if endpoint in self.endpoints:
+            return True
+        parsed = _host_port(endpoint)
+        if parsed is None:
+            return False
+        host, port = parsed
+        if host in self.hosts or (port is not None and (host, port) in self.host_ports):
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in net for net in self.networks)
+
+    def check(self, endpoint: str) -> None:
+        if not self.allows(endpoint):
+            raise PeerNotAllowedError(
+                f"the ticket's KV endpoint {endpoint[:80]!r} is not one of this prefill "
+                "worker's decode workers (--kv-allowed-peers); refusing to connect"
+            )
