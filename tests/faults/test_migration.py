@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,8 +31,8 @@ from tests.hf_oracle import hf_greedy
 
 AVOID_FAILED_S = 5.0  # router.disaggregated_backend: a worker that lost a request is avoided
 
-STALL_S = 4.0  # decode heartbeats every ~1 s; generous for a loaded machine
-MAX_TOKENS = 500
+STALL_S = 6.0  # decode heartbeats every ~1 s; generous for a loaded 2-core machine
+MAX_TOKENS = 1200
 CALL_TIMEOUT_S = 240.0
 
 
@@ -150,8 +151,8 @@ async def _run(
     cluster: Cluster,
     reqs: list[Req],
     fault: Callable[[], None] | None = None,
-    after_tokens: int = 40,
-    stagger_s: float = 0.3,
+    after_tokens: int = 20,
+    stagger_s: float = 0.05,
 ) -> dict[str, Seen]:
     """Run ``reqs`` side by side (staggered, so the router spreads them over both decode
     workers); once every stream has ``after_tokens`` tokens (0: at once), inject ``fault``."""
@@ -215,7 +216,9 @@ def _expected(cluster: Cluster, model: Path) -> tuple[dict[str, Seen], str]:
 
 def _assert_same(got: dict[str, Seen], expected: dict[str, Seen], cluster: Cluster) -> None:
     for name, s in got.items():
-        assert s.error is None, (name, s.error, cluster.logs()[-6000:])
+        if s.error is not None or s.result() != expected[name].result():
+            print(cluster.logs(), file=sys.stderr)  # the processes' side of the story
+        assert s.error is None, (name, s.error)
         assert s.result() == expected[name].result(), name
 
 
@@ -226,7 +229,7 @@ def test_decode_stall_and_drain_and_prefill_death_migrate_every_stream(llama: Pa
         num_decode=2,
         router_args=["--stall-timeout-s", str(STALL_S)],
         decode_args=["--drain-migrate-after-s", "1", "--shutdown-grace-s", "30"],
-        num_kv_blocks=256,
+        num_kv_blocks=1024,
     ) as cluster:
         expected, stop = _expected(cluster, llama)
         reqs = _requests(stop)
@@ -275,7 +278,7 @@ def test_decode_death_migrates_and_no_worker_left_is_a_clear_error(llama: Path) 
         num_prefill=2,
         num_decode=2,
         router_args=["--stall-timeout-s", str(STALL_S)],
-        num_kv_blocks=256,
+        num_kv_blocks=1024,
     ) as cluster:
         expected, stop = _expected(cluster, llama)
         reqs = _requests(stop)
