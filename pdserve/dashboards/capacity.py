@@ -1,8 +1,9 @@
-"""The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits."""
+"""The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits, request
+migrations."""
 
 from __future__ import annotations
 
-from pdserve.dashboards.panels import POOL, SEL, Panel, Target, mean, quantiles, rate
+from pdserve.dashboards.panels import POOL, RI, SEL, Panel, Target, mean, quantiles, rate
 
 TITLE = "pdserve / capacity"
 
@@ -89,6 +90,20 @@ PANELS = (
         "Healthy workers (router's view)",
         "short",
         (Target(f"sum by (pool) (pdserve_router_healthy_workers{{{SEL}}})", "{{pool}}"),),
+    ),
+    Panel(
+        "Request migrations per second",
+        "short",
+        (
+            rate("pdserve_migrations_total", SEL, "phase, reason"),
+            Target(
+                f"sum(rate(pdserve_migrations_failed_total{{{SEL}}}[{RI}]))",
+                "failed (no worker left or --migration-limit reached)",
+            ),
+        ),
+        "Requests the router moved to other workers after the ones serving them died, "
+        "stalled or drained (phase prefill: before the attempt's first token), and requests "
+        "it could not move.",
     ),
     Panel(
         "Engine steps per second",
