@@ -198,6 +198,8 @@ class DisaggregatedBackend:
         """One try at the request on one (decode, prefill) pair: from the start, or, after a
         ``failure``, from the tokens ``acc`` already streamed (the workers resume it)."""
         rid = request.request_id
+        if rid in self._aborted:  # aborted between two attempts
+            raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
         done = list(acc.token_ids)
         context = [*ids, *done]
         resume = wpb.Resume(num_generated_tokens=len(done), emitted_text=acc.text) if done else None
