@@ -320,7 +320,11 @@ class DisaggregatedBackend:
                 retry = await self.cluster.retry_decode(route)
                 if retry is None:
                     await self.cluster.release(route)
-                    raise e.error from None
+                    # Every decode worker refused: none started it, none to move it to.
+                    error = e.error
+                    if isinstance(error, WorkerFailure):
+                        error = RequestError(error.kind, error.message)
+                    raise error from None
                 route = retry
                 continue
             except BaseException:
