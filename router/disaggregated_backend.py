@@ -35,20 +35,19 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-import grpc
-
 from engine.model_card import load_model_card
 from engine.outputs import RequestOutput
 from pdserve.tls import ClientTls
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
 from router.backend import GenerateRequest, Load, ModelInfo, served_names
-from router.cluster_router import ClusterRouter, Route, Target
+from router.cluster_router import ClusterRouter, Route
 from router.errors import ErrorKind, RequestError
 from router.migration import DEFAULT_MIGRATION_LIMIT, Migrations, MigrationStats, WorkerFailure
 from router.routing import make_policy
 from router.tokenizer_ops import TokenizerOps
-from router.worker_errors import REFUSALS, Refused, request_error
+from router.worker_calls import WorkerCalls
+from router.worker_errors import Refused
 
 DEFAULT_STALL_TIMEOUT_S = 10.0
 _AVOID_FAILED_S = 5.0  # a worker that lost a request gets no new one for this long
@@ -125,6 +124,7 @@ class DisaggregatedBackend:
         self._migration_limit = migration_limit
         self.migration_stats = MigrationStats()
         self._aborted: set[str] = set()
+        self._workers = WorkerCalls(cluster, stall_timeout_s, self._aborted)
         self._calls: dict[str, list[Any]] = {}
 
     async def start(self) -> None:
@@ -224,27 +224,27 @@ class DisaggregatedBackend:
                         ErrorKind.INTERNAL, f"decode worker {decode.address} did not prefill"
                     )
                 prefill = asyncio.ensure_future(
-                    self._prefill_call(
+                    self._workers.prefill(
                         request, worker_rid, context, resume, first, route.prefill[0]
                     )
                 )
                 self._calls[rid].append(prefill)
-                msg = await self._read_while_prefilling(call, decode, rid, prefill)
+                msg = await self._workers.read_while_prefilling(call, decode, rid, prefill)
             else:
-                msg = await self._read(call, decode, rid)
+                msg = await self._workers.read(call, decode, rid)
             first_output = True
             while msg is not None:
                 if first_output and prefill is not None and msg.output.logprobs:
                     # Only prefill saw the first token's whole distribution: decode got the
                     # token and its logprob over the KV channel; take the top-n from prefill.
-                    response = await self._prefill_response(prefill)
+                    response = await self._workers.prefill_response(prefill)
                     msg.output.logprobs[0].top_logprobs.extend(response.first_token_top_logprobs)
                 first_output = False
                 out = acc.add(msg.output)
                 yield out
                 if out.finished:
                     return
-                msg = await self._read(call, decode, rid)
+                msg = await self._workers.read(call, decode, rid)
             raise WorkerFailure(
                 f"decode worker {decode.address} ended the stream before the request finished",
                 "worker_lost",
@@ -314,7 +314,7 @@ class DisaggregatedBackend:
             )
             self._calls[rid] = [call]
             try:
-                first = await self._read(call, decode, rid, first=True)
+                first = await self._workers.read(call, decode, rid, first=True)
             except Refused as e:
                 call.cancel()
                 retry = await self.cluster.retry_decode(route)
@@ -340,97 +340,6 @@ class DisaggregatedBackend:
                     decode.worker_id,
                 )
             return route, call, first
-
-    async def _prefill_call(
-        self,
-        request: GenerateRequest,
-        worker_rid: str,
-        ids: list[int],
-        resume: wpb.Resume | None,
-        first: wpb.DecodeMessage,
-        prefill: Target,
-    ) -> wpb.PrefillResponse:
-        try:
-            response: wpb.PrefillResponse = await prefill.stub.Prefill(
-                wpb.PrefillRequest(
-                    request_id=worker_rid,
-                    prompt_token_ids=ids,
-                    sampling_params=sampling_params_to_proto(request.sampling_params),
-                    priority=request.priority,
-                    reservation=first.reservation,
-                    resume=resume,
-                )
-            )
-        except grpc.aio.AioRpcError as e:
-            raise request_error(e, prefill) from None
-        return response
-
-    async def _read_while_prefilling(
-        self,
-        call: Any,
-        decode: Target,
-        rid: str,
-        prefill: asyncio.Task[wpb.PrefillResponse],
-    ) -> wpb.DecodeMessage | None:
-        """Decode's next message, failing at once if the prefill fails first (decode's stream
-        would end too, once its reservation is released, but the client hears sooner)."""
-        read = asyncio.ensure_future(self._read(call, decode, rid))
-        try:
-            done, _ = await asyncio.wait({read, prefill}, return_when=asyncio.FIRST_COMPLETED)
-            if prefill in done and not read.done():
-                if prefill.cancelled():  # by abort()
-                    raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
-                prefill.result()  # raises the prefill's RequestError, if it failed
-            return await read
-        finally:
-            if not read.done():
-                read.cancel()
-                with contextlib.suppress(BaseException):
-                    await read
-
-    async def _prefill_response(
-        self, prefill: asyncio.Task[wpb.PrefillResponse]
-    ) -> wpb.PrefillResponse:
-        try:
-            async with asyncio.timeout(self._stall_timeout_s):
-                return await asyncio.shield(prefill)
-        except TimeoutError:
-            raise RequestError(
-                ErrorKind.UNAVAILABLE,
-                f"the prefill worker did not answer within {self._stall_timeout_s:g}s of "
-                "decode admitting the request",
-            ) from None
-
-    async def _read(
-        self, call: Any, worker: Target, rid: str, first: bool = False
-    ) -> wpb.DecodeMessage | None:
-        """The next message that is not a heartbeat; None at the end of the stream. ``first``:
-        a refusal (busy, draining, unreachable) raises ``Refused`` (the caller retries)."""
-        while True:
-            try:
-                async with asyncio.timeout(self._stall_timeout_s):
-                    msg = await call.read()
-            except TimeoutError:
-                self.cluster.mark_stalled(worker)
-                raise WorkerFailure(
-                    f"decode worker {worker.address} stalled: no token or heartbeat for "
-                    f"{self._stall_timeout_s:g}s",
-                    "stall",
-                    worker.worker_id,
-                ) from None
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if rid in self._aborted and task is not None and not task.cancelling():
-                    raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted") from None
-                raise
-            except grpc.aio.AioRpcError as e:
-                if first and e.code() in REFUSALS:
-                    raise Refused(request_error(e, worker)) from None
-                raise request_error(e, worker) from None
-            if msg is grpc.aio.EOF:
-                return None
-            if msg.WhichOneof("kind") != "heartbeat":
-                return msg  # type: ignore[no-any-return]
 
 
 def policy_options(name: str, local_prefill_max_tokens: int, block_size: int) -> dict[str, float]:
