@@ -163,11 +163,13 @@ class DisaggregatedBackend:
         try:
             while True:
                 streamed = len(acc.token_ids)
+                attempt = self._attempt(request, ids, acc, migrations, failure)
                 try:
-                    async for out in self._attempt(request, ids, acc, migrations, failure):
-                        yield out
-                        if out.finished:
-                            return
+                    async with contextlib.aclosing(attempt):  # its calls end with this one
+                        async for out in attempt:
+                            yield out
+                            if out.finished:
+                                return
                 except WorkerFailure as e:
                     if rid in self._aborted:
                         raise RequestError(
