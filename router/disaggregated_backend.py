@@ -322,11 +322,10 @@ class DisaggregatedBackend:
                 retry = await self.cluster.retry_decode(route)
                 if retry is None:
                     await self.cluster.release(route)
-                    # Every decode worker refused: none started it, none to move it to.
-                    error = e.error
-                    if isinstance(error, WorkerFailure):
-                        error = RequestError(error.kind, error.message)
-                    raise error from None
+                    # Every ranked decode worker refused: unreachable or draining ones
+                    # (a WorkerFailure) send it through migration, which routes it anew
+                    # without them; busy ones (BUSY) fail it with 429.
+                    raise e.error from None
                 route = retry
                 continue
             except BaseException:
