@@ -37,13 +37,20 @@ class WorkerFailure(RequestError):
         self.worker_id = worker_id
 
 
+_CONNECTION_LOST = ("socket", "connect", "stream removed", "reset", "goaway", "broken pipe")
+
+
 def failure_reason(details: str) -> str:
-    """The reason of a worker's UNAVAILABLE/CANCELLED answer, from its message."""
+    """The reason of a worker's UNAVAILABLE/CANCELLED/UNKNOWN answer, from its message:
+    ``worker_lost`` only when the connection itself went (the router then avoids the worker
+    for a few seconds); a worker that answered (it lost the request's KV or lease, it
+    cancelled it) is ``worker_error`` and stays routable."""
     if "shutting down" in details or "draining" in details:
         return "drain"
-    if "KV transfer" in details or "expired" in details:
-        return "worker_error"  # the worker is up but lost the request's KV (or its lease)
-    return "worker_lost"
+    lowered = details.lower()
+    if "KV transfer" not in details and any(p in lowered for p in _CONNECTION_LOST):
+        return "worker_lost"
+    return "worker_error"
 
 
 @dataclass

@@ -34,7 +34,7 @@ def request_error(e: grpc.aio.AioRpcError, worker: Target) -> Exception:
     if code == grpc.StatusCode.CANCELLED:
         return WorkerFailure(
             f"the {worker.role} worker {worker.address} cancelled it",
-            failure_reason(details),
+            "worker_error",
             worker.worker_id,
         )
     message = f"{worker.role} worker {worker.address}: {code.name}: {details}"

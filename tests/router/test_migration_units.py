@@ -28,7 +28,9 @@ DECODE = Target("d1", "decode", "127.0.0.1:1", None)
         (grpc.StatusCode.UNAVAILABLE, "the decode worker is shutting down (draining): …", "drain"),
         (grpc.StatusCode.UNAVAILABLE, "KV transfer for x ended before completion: expired",
          "worker_error"),
-        (grpc.StatusCode.CANCELLED, "", "worker_lost"),
+        (grpc.StatusCode.UNAVAILABLE, "Stream removed", "worker_lost"),
+        (grpc.StatusCode.CANCELLED, "", "worker_error"),
+        (grpc.StatusCode.UNAVAILABLE, "request x failed", "worker_error"),
     ],
 )  # fmt: skip
 def test_lost_requests_are_worker_failures(
