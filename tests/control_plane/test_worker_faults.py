@@ -103,6 +103,8 @@ class Cluster:
             worker_id,
             "--registry-lease-s",
             str(lease_s),
+            "--registry-heartbeat-s",
+            "0.25",
         )
         self.workers[worker_id] = worker
         return worker
