@@ -300,12 +300,14 @@ def run_variant(
     fig: dict[str, Any] = figures(report)
     query = sum(after_w[u].get("query", 0) - before_w[u].get("query", 0) for u in worker_urls)
     hit = sum(after_w[u].get("hit", 0) - before_w[u].get("hit", 0) for u in worker_urls)
-    fig["prefix_hit_rate"] = hit / query if query else float("nan")
+    fig["block_hit_rate"] = hit / query if query else float("nan")
     computed = sum(
         after_w[u].get("prompt_computed", 0) - before_w[u].get("prompt_computed", 0)
         for u in worker_urls
     )
     fig["prompt_tokens_computed"] = computed
+    sent = report["points"][0]["summary"]["total_input_tokens"]
+    fig["prefix_hit_rate"] = 1.0 - computed / sent if sent else float("nan")
     deltas = {k: after_r.get(k, 0.0) - before_r.get(k, 0.0) for k in after_r}
     fig["reasons"] = {k[7:]: n for k, n in sorted(deltas.items()) if k.startswith("reason:") and n}
     fig["per_worker"] = {k: n for k, n in sorted(deltas.items()) if not k.startswith("reason:")}
@@ -319,7 +321,8 @@ HEADLINE = (
     ("output_tok_s", "out tok/s"),
     ("goodput", "goodput req/s"),
     ("slo_attainment", "SLO met"),
-    ("prefix_hit_rate", "prefix hits"),
+    ("prefix_hit_rate", "prefix hits (tokens)"),
+    ("block_hit_rate", "cache lookups hit"),
     ("prompt_tokens_computed", "prompt tok computed"),
     ("completed", "completed"),
     ("failed", "failed"),
@@ -333,7 +336,7 @@ def print_table(fig: dict[str, dict[str, Any]]) -> list[str]:
     for key, name in HEADLINE:
         lines.append(name.ljust(22) + "".join(f"{fig[x][key]:{width}.3f}" for x in labels))
     base = labels[0]
-    for key, name in HEADLINE[:7]:
+    for key, name in HEADLINE[:8]:
         b = fig[base][key]
         cells = "".join(
             (f"{fig[x][key] / b:{width}.2f}" if b else "nan".rjust(width)) for x in labels
@@ -348,6 +351,24 @@ def print_table(fig: dict[str, dict[str, Any]]) -> list[str]:
             share = max(counts.values(), default=0) / (total / max(1, len(counts)))
             lines.append(f"  {role} requests per worker {counts} (busiest / fair: {share:.2f}x)")
     return lines
+
+
+def machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "loadavg_at_end": os.getloadavg(),
+        "python": platform.python_version(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,7 +434,12 @@ def main(argv: list[str] | None = None) -> int:
             fig[v.label] = run_variant(a, v, i, routers[v.label], worker_urls)
         lines = print_table(fig)
         print("\n" + "\n".join(lines))
-        summary = {"argv": sys.argv, "args": {k: str(x) for k, x in vars(a).items()}}
+        print(f"machine: {machine()}")
+        summary = {
+            "argv": sys.argv,
+            "args": {k: str(x) for k, x in vars(a).items()},
+            "machine": machine(),
+        }
         (a.out / "summary.json").write_text(
             json.dumps({**summary, "figures": fig, "table": lines}, indent=1)
         )
