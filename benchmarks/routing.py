@@ -59,8 +59,10 @@ class Variant:
 
     @staticmethod
     def parse(text: str) -> Variant:
-        """``kv_aware``, ``kv_aware@ratio=0.5``, ``kv_aware@local=256@ratio=2``."""
-        policy, *opts = text.split("@")
+        """``kv_aware``, ``kv_aware@ratio=0.5``, ``kv_aware@local=256@ratio=2``; a ``#N``
+        suffix (``round_robin#2``) names a repeat of the same variant (later in the run, on
+        its own router: the machine's drift shows in the two figures)."""
+        policy, *opts = text.split("#")[0].split("@")
         ratio: float | None = None
         local: int | None = None
         for opt in opts:
@@ -276,7 +278,7 @@ def run_variant(
     router: Process,
     worker_urls: list[str],
 ) -> dict[str, Any]:
-    folder = a.out / v.label.replace("@", "_").replace("=", "")
+    folder = a.out / v.label.replace("@", "_").replace("=", "").replace("#", "_")
     folder.mkdir(parents=True, exist_ok=True)
     prompts = folder / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in tenant_prompts(a, index)))
@@ -376,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--variants",
-        default="round_robin,least_loaded,kv_aware",
+        default="round_robin,least_loaded,kv_aware,round_robin#2",
         help="comma-separated; the first is the baseline of the ratios",
     )
     p.add_argument("--model", default=None, help="model folder (default: the demo model)")
@@ -385,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user-len", default="32:128", help="each request's own tokens, LO:HI")
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--hot-share", type=float, default=0.4)
-    p.add_argument("--num-requests", type=int, default=160)
-    p.add_argument("--rate", type=float, default=3.0, help="Poisson arrivals per second")
+    p.add_argument("--num-requests", type=int, default=90)
+    p.add_argument("--rate", type=float, default=1.5, help="Poisson arrivals per second")
     p.add_argument("--slo", default="ttft=1s,itl=200ms", help="goodput targets (pdserve bench)")
     p.add_argument("--num-kv-blocks", type=int, default=448, help="per worker")
     p.add_argument("--seed", type=int, default=0)
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(serve)
         routers = {variants[0].label: serve}
         for v in variants[1:]:
-            log = a.out / f"router-{v.label}.log"
+            log = a.out / f"router-{v.label.replace('#', '_')}.log"
             routers[v.label] = start_pdserve(["router", *common, *v.router_flags()], log)
             procs.append(routers[v.label])
         for router in routers.values():

@@ -81,6 +81,16 @@ async def _members(url: str) -> dict[str, WorkerInfo]:
     return {i.worker_id: i for i in infos}
 
 
+def _routed_to(routers: Sequence[Server], worker_id: str) -> float:
+    """Requests the routers sent to ``worker_id`` (pdserve_router_routed_requests_total)."""
+    return sum(
+        v
+        for r in routers
+        for k, v in _metric(r, "pdserve_router_routed_requests_total").items()
+        if f'worker_id="{worker_id}"' in k
+    )
+
+
 def _generated(worker: WorkerProcess) -> float:
     return worker.metrics()["pdserve_engine_generation_tokens_total"]
 
@@ -182,8 +192,10 @@ def test_killed_restarted_and_missed_workers_over_real_redis(
         others = [p[::-1] for p in prompts]  # new prompts: nothing cached anywhere
         expected_others = [hf_greedy(llama, p, 5) for p in others]
         before = _generated(cluster.workers["decode-b"])
+        sent_to_dead = _routed_to(routers, "decode-a")
         assert cluster.ask(others, 5) == expected_others
         assert _generated(cluster.workers["decode-b"]) > before
+        assert _routed_to(routers, "decode-a") == sent_to_dead  # nothing tried the dead one
 
         # (b) restart with the same id: a new epoch fences the old one.
         wait_started(cluster.spawn("decode", "decode-a", LEASE_S))
@@ -218,6 +230,9 @@ def test_killed_restarted_and_missed_workers_over_real_redis(
         before = _generated(cluster.workers["decode-a"])
         assert cluster.ask(fresh, 5) == expected_fresh
         assert _generated(cluster.workers["decode-a"]) > before  # it serves again
+        restarted = cluster.workers["decode-a"].metrics()
+        assert restarted["pdserve_worker_registered"] == 1
+        assert restarted["pdserve_worker_fenced_total"] == 0
 
         # (c) decode-b drains while the kv_aware router sleeps; its "leave" event is deleted
         # before the router wakes. Only the re-list can tell the router it is gone: the
