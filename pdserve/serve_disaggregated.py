@@ -49,7 +49,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--local-prefill-hit-ratio",
         type=float,
-        default=0.9,
+        default=0.75,
         help="kv_aware: a decode worker that caches at least this share of the prompt "
         "prefills the rest itself instead of a prefill worker (above 1: never; "
         "docs/benchmarks.md measures it)",
