@@ -118,6 +118,17 @@ class WorkerControlPlane:
         if removed:
             self.kv_log.record_removed(removed)
 
+    @property
+    def has_registry(self) -> bool:
+        return self._store is not None
+
+    async def kv_endpoints(self, role: str) -> frozenset[str]:
+        """The KV endpoints of ``role``'s registered workers (their leases live); raises
+        ``ControlPlaneUnavailable`` when Redis does not answer. Only with a registry."""
+        assert self._store is not None, "no registry (static mode)"
+        _, members = await self._store.list_members()
+        return frozenset(m.kv_endpoint for m in members if m.role == role and m.kv_endpoint)
+
     async def start(self) -> None:
         if self.agent is not None:
             await self.agent.start()

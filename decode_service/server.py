@@ -112,7 +112,7 @@ async def serve(
         print(f"decode worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
     await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
-    await drain(servicer.drain, health, shutdown_grace_s)
+    await drain(servicer.drain, health, SERVICE_NAME, shutdown_grace_s)
     reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None

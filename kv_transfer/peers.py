@@ -11,17 +11,33 @@ decode workers. Entries, any mix:
 
 Host names are compared as written (no DNS lookup at check time: the ticket's host must be
 the name or address listed).
+
+With a control plane (Redis), ``RegisteredPeers`` admits the KV endpoints of the cluster's
+registered decode workers too, listed as they come and go: a worker that is not part of the
+cluster cannot be named in a ticket even with no ``--kv-allowed-peers``.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from kv_transfer.errors import PeerNotAllowedError
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+logger = logging.getLogger(__name__)
+
+
+class PeerGate(Protocol):
+    """What a ``KVSender`` asks before it connects to a ticket's endpoint."""
+
+    async def admits(self, endpoint: str) -> bool: ...
+
+    def refusal(self, endpoint: str) -> PeerNotAllowedError: ...
 
 
 def _host_port(endpoint: str) -> tuple[str, int | None] | None:
@@ -90,7 +106,56 @@ class PeerPolicy:
 
     def check(self, endpoint: str) -> None:
         if not self.allows(endpoint):
-            raise PeerNotAllowedError(
-                f"the ticket's KV endpoint {endpoint[:80]!r} is not one of this prefill "
-                "worker's decode workers (--kv-allowed-peers); refusing to connect"
-            )
+            raise self.refusal(endpoint)
+
+    async def admits(self, endpoint: str) -> bool:
+        return self.allows(endpoint)
+
+    def refusal(self, endpoint: str) -> PeerNotAllowedError:
+        return PeerNotAllowedError(
+            f"the ticket's KV endpoint {endpoint[:80]!r} is not one of this prefill "
+            "worker's decode workers (--kv-allowed-peers); refusing to connect"
+        )
+
+
+class RegisteredPeers:
+    """Admits ``static``'s endpoints and those ``list_endpoints()`` returns: the KV endpoints
+    of the registered decode workers. The list is re-read when older than ``max_age_s``, and
+    on an endpoint it does not hold (a decode worker that just registered) at most every
+    ``min_refresh_s``; while the registry cannot be read, the last list stands."""
+
+    def __init__(
+        self,
+        list_endpoints: Callable[[], Awaitable[frozenset[str]]],
+        static: PeerPolicy | None = None,
+        max_age_s: float = 2.0,
+        min_refresh_s: float = 0.2,
+    ) -> None:
+        self._list = list_endpoints
+        self._static = static
+        self._max_age_s = max_age_s
+        self._min_refresh_s = min_refresh_s
+        self._known: frozenset[str] = frozenset()
+        self._read_at = -float("inf")  # monotonic
+
+    async def admits(self, endpoint: str) -> bool:
+        if self._static is not None and self._static.allows(endpoint):
+            return True
+        age = time.monotonic() - self._read_at
+        if age > self._max_age_s or (endpoint not in self._known and age > self._min_refresh_s):
+            await self._refresh()
+        return endpoint in self._known
+
+    async def _refresh(self) -> None:
+        self._read_at = time.monotonic()
+        try:
+            self._known = await self._list()
+        except Exception as e:  # the registry is unreachable: keep the last list
+            logger.warning("cannot list the registered decode workers (%s): keeping the last", e)
+
+    def refusal(self, endpoint: str) -> PeerNotAllowedError:
+        also = " or --kv-allowed-peers" if self._static is not None else ""
+        return PeerNotAllowedError(
+            f"the ticket's KV endpoint {endpoint[:80]!r} is not a registered decode worker's"
+            f"{also}; refusing to connect"
+        )

@@ -32,7 +32,7 @@ from kv_transfer.errors import (
     TransferTimeoutError,
 )
 from kv_transfer.metrics import TransferMetrics
-from kv_transfer.peers import PeerPolicy
+from kv_transfer.peers import PeerGate
 from kv_transfer.pool import PoolBuffer
 from kv_transfer.ticket import ReservationTicket
 from kv_transfer.transport import Channel, Connector
@@ -240,7 +240,7 @@ class KVSender:
         timeout_s: float | None = None,
         connectors: Sequence[Connector] | None = None,
         host: str = "127.0.0.1",
-        peers: PeerPolicy | None = None,
+        peers: PeerGate | None = None,
     ) -> None:
         """``pool``: this worker's KV pool (see kv_transfer.pool). ``timeout_s``: deadline of
         each wait; defaults to the ticket's lease (decode frees the blocks after it anyway).
@@ -264,9 +264,9 @@ class KVSender:
         """Start the transfer described by ``ticket`` (connecting and handshaking with its
         endpoint if no channel is open). Raises ``IncompatiblePeerError`` on a mismatch,
         ``PeerNotAllowedError`` for an endpoint outside ``peers`` (before connecting)."""
-        if self._peers is not None and not self._peers.allows(ticket.endpoint):
+        if self._peers is not None and not await self._peers.admits(ticket.endpoint):
             self.metrics.record_failure("PeerNotAllowedError")
-            self._peers.check(ticket.endpoint)
+            raise self._peers.refusal(ticket.endpoint)
         timeout = self._timeout_s if self._timeout_s is not None else ticket.lease_s
         await self._channel(ticket, timeout)
         transfer = OutgoingTransfer(self, ticket, timeout)

@@ -85,7 +85,8 @@ async def start_grpc_server(
 class Drain:
     """The requests a worker serves, and its shutdown in two steps.
 
-    ``begin``: draining — health says NOT_SERVING, GetLoad says ``draining``, new requests
+    ``begin``: draining — the role's health service says NOT_SERVING (``""`` stays
+    SERVING), GetLoad says ``draining``, new requests
     are refused with UNAVAILABLE (unless ``serving`` admits them while draining: a prefill
     for a request the cluster already started). ``stop_all`` (at the grace): every request
     still in flight ends now with UNAVAILABLE and a message saying why. On the event loop.
@@ -139,9 +140,12 @@ class Drain:
             if not self._tasks:
                 self._idle.set()
 
-    async def begin(self, health_servicer: health.aio.HealthServicer) -> None:
+    async def begin(self, health_servicer: health.aio.HealthServicer, service_name: str) -> None:
+        """``service_name`` (the role's readiness service) turns NOT_SERVING: the Service
+        stops sending work. ``""`` (liveness) stays SERVING: the process is healthy and
+        finishing what it holds, and must not be restarted for it."""
         self.is_draining = True
-        await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is in flight; False when ``timeout_s`` passed first."""
@@ -158,9 +162,12 @@ class Drain:
             task.cancel()
 
 
-async def drain(drain: Drain, health_servicer: health.aio.HealthServicer, grace_s: float) -> None:
-    """Drain a worker: NOT_SERVING now, ``grace_s`` for what is in flight, then stop it."""
-    await drain.begin(health_servicer)
+async def drain(
+    drain: Drain, health_servicer: health.aio.HealthServicer, service_name: str, grace_s: float
+) -> None:
+    """Drain a worker: ``service_name`` NOT_SERVING now, ``grace_s`` for what is in flight,
+    then stop it."""
+    await drain.begin(health_servicer, service_name)
     if not await drain.wait_idle(grace_s):
         logging.getLogger(__name__).warning(
             "%d requests still in flight after %.1fs: stopping them", drain.num_in_flight, grace_s

@@ -12,6 +12,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from kv_transfer import KVSender, release_transports
+from kv_transfer.peers import RegisteredPeers
 from kv_transfer.prefill_connector import PrefillConnector
 from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
@@ -76,7 +77,13 @@ async def serve(
         engine.kv_cache.pool,
         connectors=security.kv_connectors(certificates),
         host=kv_host,
-        peers=security.peers,
+        # With a registry, tickets may name only registered decode workers (and the static
+        # --kv-allowed-peers): a stranger cannot have this worker connect where it chooses.
+        peers=(
+            RegisteredPeers(lambda: plane.kv_endpoints("decode"), security.peers)
+            if plane.has_registry
+            else security.peers
+        ),
     )
     servicer = PrefillWorkerService(aengine, connector, sender)
     server, bound, health = await start_grpc_server(
@@ -107,7 +114,7 @@ async def serve(
         print(f"prefill worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
     await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
-    await drain(servicer.drain, health, shutdown_grace_s)
+    await drain(servicer.drain, health, SERVICE_NAME, shutdown_grace_s)
     reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None

@@ -10,6 +10,10 @@ vector ISA torch itself uses here (``avx512``, ``avx2`` or ``default``; ``PDSERV
 overrides), into ``$PDSERVE_KERNEL_CACHE`` or ``~/.cache/pdserve/kernels/<key>``, where the key
 hashes the sources, the flags, the ISA and the torch version: a second process (or a second
 test run) loads the cached library in milliseconds, and any change rebuilds it.
+
+Libraries built ahead of time (an image's build stage: ``PDSERVE_KERNEL_CACHE=DIR python -m
+kernels.cpu``) are found through ``$PDSERVE_KERNEL_PATH`` (folders separated by ``:``, read
+only, searched before the cache), so a pod loads them at once and needs no compiler.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ BASE_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 DISABLE_ENV = "PDSERVE_CPU_KERNELS"
 ISA_ENV = "PDSERVE_CPU_ISA"
 CACHE_ENV = "PDSERVE_KERNEL_CACHE"
+PATH_ENV = "PDSERVE_KERNEL_PATH"
 STALE_LOCK_S = 900.0
 
 
@@ -62,6 +67,15 @@ def cache_root() -> Path:
         return Path(os.environ[CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "pdserve" / "kernels"
+
+
+def prebuilt_dirs(key: str) -> list[Path]:
+    """``<dir>/<key>`` for each folder of ``$PDSERVE_KERNEL_PATH``, in order."""
+    return [Path(d) / key for d in os.environ.get(PATH_ENV, "").split(os.pathsep) if d]
+
+
+def _is_complete(build_dir: Path, name: str) -> bool:
+    return (build_dir / "complete").is_file() and (build_dir / f"{name}.so").is_file()
 
 
 def build_key(isa: str) -> str:
@@ -96,13 +110,24 @@ def load() -> Any | None:
         return None
     isa = detect_isa()
     key = build_key(isa)
-    build_dir = cache_root() / key
     name = library_name(key)
+    prebuilt = [d for d in prebuilt_dirs(key) if _is_complete(d, name)]
+    if not prebuilt and _compiler() is None and not os.environ.get(ISA_ENV):
+        # Nothing to build with: a narrower ISA built ahead of time still beats the torch path.
+        narrower = list(ISA_FLAGS)[list(ISA_FLAGS).index(isa) + 1 :]
+        for other in narrower:
+            k = build_key(other)
+            found = [d for d in prebuilt_dirs(k) if _is_complete(d, library_name(k))]
+            if found:
+                isa, key, name, prebuilt = other, k, library_name(k), found
+                break
+    build_dir = prebuilt[0] if prebuilt else cache_root() / key
     built = build_dir / f"{name}.so"
     t0 = time.perf_counter()
     failed = build_dir / "build-error.log"
-    if (build_dir / "complete").is_file() and built.is_file():
-        # Built before, by this or another process, and finished: no compiler or ninja needed.
+    if _is_complete(build_dir, name):
+        # Built before (ahead of time, or by this or another process) and finished: no
+        # compiler or ninja needed.
         torch.ops.load_library(str(built))
     elif failed.is_file():
         # The same sources, flags and torch failed before; building again would fail again.

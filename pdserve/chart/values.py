@@ -163,7 +163,9 @@ class Drain(Closed):
         default=5, ge=0, description="wait for endpoints to drop the pod before SIGTERM"
     )
     worker_grace_flag: bool = Field(
-        default=False, description="pass --shutdown-grace-s to the workers too"
+        default=False,
+        description="deprecated, ignored: the workers always get --shutdown-grace-s "
+        "(kept so values files that set it still install)",
     )
 
 

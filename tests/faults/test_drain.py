@@ -17,6 +17,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from decode_service.server import SERVICE_NAME as DECODE_SERVICE
 from tests.faults.clients import Outcome, http_stream
 from tests.faults.cluster import start_cluster
 from tests.router.server_harness import start_server
@@ -49,11 +50,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _health(address: str) -> int:
+def _health(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
         return int(
             health_pb2_grpc.HealthStub(channel)
-            .Check(health_pb2.HealthCheckRequest(), timeout=5)
+            .Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             .status
         )
 
@@ -122,7 +123,7 @@ def test_sigterm_drains_a_standalone_decode_worker(llama: Path) -> None:
     ) as cluster:
         decode, url = cluster.decode[0], cluster.url
 
-        async def scenario() -> tuple[list[Outcome], list[Outcome], float, int]:
+        async def scenario() -> tuple[list[Outcome], list[Outcome], float, tuple[int, int]]:
             async with httpx.AsyncClient(timeout=60) as client:
                 short = [asyncio.ensure_future(http_stream(client, url, PROMPT, SHORT))]
                 long = [asyncio.ensure_future(http_stream(client, url, PROMPT, LONG))]
@@ -130,7 +131,8 @@ def test_sigterm_drains_a_standalone_decode_worker(llama: Path) -> None:
                 decode.proc.send_signal(signal.SIGTERM)
                 sent = time.monotonic()
                 await asyncio.sleep(0.3)
-                status = _health(decode.target)
+                # Readiness (the role's service) off, liveness ("") on: not restarted.
+                status = _health(decode.target, DECODE_SERVICE), _health(decode.target)
                 short_outs = list(await asyncio.gather(*short))
                 return short_outs, list(await asyncio.gather(*long)), sent, status
 
@@ -139,7 +141,10 @@ def test_sigterm_drains_a_standalone_decode_worker(llama: Path) -> None:
             decode.proc.wait(30)
         finally:
             gone_after = time.monotonic() - sent
-        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert status == (
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+            health_pb2.HealthCheckResponse.SERVING,
+        )
         _check_drained_streams(short, long)
         assert gone_after < GRACE_S + EXIT_SLACK_S, f"decode alive {gone_after:.1f}s after SIGTERM"
         cluster.wait_pools_free()  # the prefill worker's pool

@@ -9,7 +9,9 @@ it runs as the spec's user, on a read-only root when the spec says so, with ever
 What stands in for the cluster, and only that: the pod IP is 127.0.0.1 (a wildcard bind
 address, "0.0.0.0", binds loopback); a Service's DNS name with its port is replaced by
 127.0.0.1 and the port of the pod it selects; the image's ``pdserve`` (and ``hf``) are this
-venv's, first on PATH; the host's filesystem stands in for the image's.
+venv's, first on PATH; the kernels the image builds ahead of time (``PDSERVE_KERNEL_PATH``, an
+ENV of docker/Dockerfile.cpu) are this machine's kernel cache; the host's filesystem stands in
+for the image's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernels.cpu import cache_root as kernel_cache_root
 from tests.helm.sandbox import Mount, Sandbox
 
 LOOPBACK = "127.0.0.1"
@@ -156,7 +159,8 @@ class LocalPod:
     def process_env(self) -> dict[str, str]:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.defpath])
         host = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
-        return {"PATH": path, **host, **self.env}
+        image = {"PATH": path, "PDSERVE_KERNEL_PATH": str(kernel_cache_root())}
+        return {**image, **host, **self.env}
 
     def exec_argv(self, argv: list[str]) -> list[str]:
         """``argv`` inside this running pod's container (for exec probes)."""

@@ -28,7 +28,6 @@ PENDING: dict[str, dict[str, int]] = {"router": {}, "worker": {}}
 ALL_PENDING = {
     "controlPlane": {"mode": "redis"},
     "redis": {"auth": {"existingSecret": "r"}, "tls": {"enabled": True, "existingSecret": "t"}},
-    "drain": {"workerGraceFlag": True},
 }
 
 

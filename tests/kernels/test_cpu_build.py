@@ -129,6 +129,27 @@ def test_cached_build_loads_without_a_compiler(tmp_path):
     assert "loaded True" in result.stdout and "backend cpu" in result.stdout
 
 
+def test_prebuilt_path_is_searched_before_the_cache(tmp_path):
+    """An image's kernels, built ahead of time into a read-only folder on
+    ``PDSERVE_KERNEL_PATH``: loaded with an empty cache and no compiler, nothing built."""
+    cpu_ops()
+    key = cpu.build_key(cpu.detect_isa())
+    prebuilt = tmp_path / "image" / "kernels"
+    shutil.copytree(cpu.cache_root() / key, prebuilt / key)
+    for path in (prebuilt / key, prebuilt):
+        path.chmod(0o555)
+    cache = tmp_path / "cache"
+    result = run_python(
+        ENGINE_BACKEND,
+        CXX=str(tmp_path / "no-such-c++"),
+        PDSERVE_KERNEL_CACHE=str(cache),
+        PDSERVE_KERNEL_PATH=f"{tmp_path / 'missing'}:{prebuilt}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "loaded True" in result.stdout and "backend cpu" in result.stdout
+    assert "building" not in result.stderr and not cache.exists()
+
+
 BROKEN_BUILD = """
     import logging, shutil, sys
     from pathlib import Path

@@ -109,10 +109,8 @@
 - --worker-id
 - "$(POD_NAME)"
 {{- end }}
-{{- if $v.drain.workerGraceFlag }}
 - --shutdown-grace-s
 - {{ $v.drain.seconds | quote }}
-{{- end }}
 {{- with $v.tls.internal.existingSecret }}
 {{- if ne $v.kvTransfer.transport "tcp" }}
 {{- fail "tls.internal needs kvTransfer.transport tcp: UCX connections carry no certificate" }}
