@@ -167,7 +167,7 @@ def test_killed_restarted_and_missed_workers_over_real_redis(
         expected = [hf_greedy(llama, p, 5) for p in prompts]
         for _ in range(2):
             assert cluster.ask(prompts, 5) == expected
-            time.sleep(1.0)  # the KV events reach the routers' indexes
+            time.sleep(2.0)  # the KV events (every 0.25 s) reach the routers' indexes
         reasons = {
             k.split('reason="')[1].split('"')[0]
             for k, v in _metric(cluster.routers["kv_aware"], "pdserve_router_routing_decisions")
