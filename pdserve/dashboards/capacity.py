@@ -1,12 +1,14 @@
-"""The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits."""
+"""The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits, and the
+control-plane row (pdserve.dashboards.control_plane)."""
 
 from __future__ import annotations
 
-from pdserve.dashboards.panels import POOL, SEL, Panel, Target, mean, quantiles, rate
+from pdserve.dashboards import control_plane
+from pdserve.dashboards.panels import POOL, SEL, Panel, Row, Target, mean, quantiles, rate
 
 TITLE = "pdserve / capacity"
 
-PANELS = (
+PANELS: tuple[Panel | Row, ...] = (
     Panel(
         "KV cache usage",
         "percentunit",
@@ -100,4 +102,5 @@ PANELS = (
         "short",
         (rate("pdserve_engine_generation_tokens_total", POOL, "role"),),
     ),
+    *control_plane.PANELS,
 )
