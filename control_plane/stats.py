@@ -20,3 +20,5 @@ class ControlPlaneStats:
     cross_router_conflicts: int = 0  # router: another router's sends changed our choice
     fingerprint_mismatches: int = 0  # router: workers refused for a different model/layout
     routing_decisions: Counter[str] = field(default_factory=Counter)  # by reason
+    # router: requests sent to each worker, by (role, worker id); retries count again
+    routed_requests: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -73,6 +73,16 @@ class WorkerAgent:
         self._failing_since: float | None = None
         self.is_fenced = False
 
+    @property
+    def is_registered(self) -> bool:
+        """Registered, and since then neither unregistered, fenced, nor cut off from Redis."""
+        return (
+            self._registered
+            and not self._unregistered
+            and not self.is_fenced
+            and self._failing_since is None
+        )
+
     async def start(self) -> None:
         """Register now if Redis answers (else keep trying in the background), then run."""
         with contextlib.suppress(ControlPlaneUnavailable):

@@ -84,6 +84,11 @@ class WorkerControlPlane:
         return self.agent.info if self.agent is not None else self._identity
 
     @property
+    def is_registered(self) -> bool:
+        """Holds a live registration in Redis (never without Redis)."""
+        return self.agent is not None and self.agent.is_registered
+
+    @property
     def is_fenced(self) -> bool:
         return self.agent is not None and self.agent.is_fenced
 

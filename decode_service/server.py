@@ -109,6 +109,7 @@ async def serve(
             receiver.metrics,
             kind,
             {"decode_admission": servicer.admission_seconds},
+            plane,
         )
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"decode worker: metrics {metrics.url}", flush=True)

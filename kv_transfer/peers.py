@@ -19,6 +19,7 @@ cluster cannot be named in a ticket even with no ``--kv-allowed-peers``.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import time
@@ -120,36 +121,47 @@ class PeerPolicy:
 
 class RegisteredPeers:
     """Admits ``static``'s endpoints and those ``list_endpoints()`` returns: the KV endpoints
-    of the registered decode workers. The list is re-read when older than ``max_age_s``, and
-    on an endpoint it does not hold (a decode worker that just registered) at most every
-    ``min_refresh_s``; while the registry cannot be read, the last list stands."""
+    of the registered decode workers. The list is re-read when older than ``max_age_s`` and
+    on an endpoint it does not hold (a decode worker that just registered); callers that
+    arrive while a read is under way wait for that one (one read at a time). While the
+    registry cannot be read, the last list stands."""
 
     def __init__(
         self,
         list_endpoints: Callable[[], Awaitable[frozenset[str]]],
         static: PeerPolicy | None = None,
         max_age_s: float = 2.0,
-        min_refresh_s: float = 0.2,
     ) -> None:
         self._list = list_endpoints
         self._static = static
         self._max_age_s = max_age_s
-        self._min_refresh_s = min_refresh_s
         self._known: frozenset[str] = frozenset()
-        self._read_at = -float("inf")  # monotonic
+        self._read_at = -float("inf")  # monotonic: when the last read began
+        self._reading: asyncio.Future[None] | None = None
 
     async def admits(self, endpoint: str) -> bool:
         if self._static is not None and self._static.allows(endpoint):
             return True
-        age = time.monotonic() - self._read_at
-        if age > self._max_age_s or (endpoint not in self._known and age > self._min_refresh_s):
-            await self._refresh()
+        fresh = time.monotonic() - self._read_at <= self._max_age_s
+        if not (fresh and endpoint in self._known):
+            await self._refreshed()
         return endpoint in self._known
 
+    async def _refreshed(self) -> None:
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._refresh())
+        reading = self._reading
+        try:
+            await asyncio.shield(reading)
+        finally:
+            if reading.done() and self._reading is reading:
+                self._reading = None
+
     async def _refresh(self) -> None:
-        self._read_at = time.monotonic()
+        started = time.monotonic()
         try:
             self._known = await self._list()
+            self._read_at = started
         except Exception as e:  # the registry is unreachable: keep the last list
             logger.warning("cannot list the registered decode workers (%s): keeping the last", e)
 

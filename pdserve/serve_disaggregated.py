@@ -46,6 +46,14 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--redis-password-file", default=None, help="the Redis password, in a file")
     g.add_argument("--redis-ca-file", default=None, help="CA bundle for a rediss:// URL")
     g.add_argument("--cluster-name", default="default", help="the registry namespace")
+    g.add_argument(
+        "--local-prefill-hit-ratio",
+        type=float,
+        default=0.75,
+        help="kv_aware: a decode worker that caches at least this share of the prompt "
+        "prefills the rest itself instead of a prefill worker (above 1: never; "
+        "docs/benchmarks.md measures it)",
+    )
 
 
 def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: list[str]) -> Any:
@@ -59,18 +67,18 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
 
     tls = RouterSecurity.from_args(a).worker_tls  # --worker-tls-*: mutual TLS to the workers
     url = redis_url_of(a)
-    cluster = None
+    options = policy_options(a.routing_policy, a.local_prefill_max_tokens, a.block_size)
+    if a.routing_policy == "kv_aware":
+        options["local_prefill_hit_ratio"] = a.local_prefill_hit_ratio
+    policy = make_policy(a.routing_policy, **options)
     if url:
-        options = policy_options(a.routing_policy, a.local_prefill_max_tokens, a.block_size)
         cluster = ClusterRouter.redis(
-            url,
-            a.cluster_name,
-            make_policy(a.routing_policy, **options),
-            a.local_prefill_max_tokens,
-            tls=tls,
+            url, a.cluster_name, policy, a.local_prefill_max_tokens, tls=tls
         )
     elif not decode or not prefill:
         raise ValueError("give --redis-url, or the workers with --decode and --prefill")
+    else:
+        cluster = ClusterRouter.static(decode, prefill, policy, a.local_prefill_max_tokens, tls=tls)
     return DisaggregatedBackend(
         model,
         decode,

@@ -71,13 +71,19 @@ def worker_control_plane(
             step_time_s=step_time(),
         )
 
+    heartbeat_s = a.registry_heartbeat_s or a.registry_lease_s / 5
+    if not 0 < heartbeat_s < a.registry_lease_s:
+        raise ValueError(
+            f"--registry-heartbeat-s ({heartbeat_s:g}) must be positive and below "
+            f"--registry-lease-s ({a.registry_lease_s:g})"
+        )
     return WorkerControlPlane(
         identity,
         sample_load,
         redis_url=redis_url_of(a),
         cluster=a.cluster_name,
         lease_s=a.registry_lease_s,
-        heartbeat_s=a.registry_lease_s / 5,
+        heartbeat_s=heartbeat_s,
         on_fenced=on_fenced,
         kv_events=caching,
     )

@@ -44,7 +44,14 @@ def add_control_args(p: argparse.ArgumentParser) -> None:
         "--registry-lease-s",
         type=float,
         default=3.0,
-        help="the registration lapses when not renewed for this long (heartbeat: a fifth)",
+        help="the registration lapses when not renewed for this long",
+    )
+    g.add_argument(
+        "--registry-heartbeat-s",
+        type=float,
+        default=None,
+        help="renew the lease, report load and publish KV events this often (default: a "
+        "fifth of --registry-lease-s)",
     )
 
 

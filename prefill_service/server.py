@@ -108,6 +108,7 @@ async def serve(
             sender.metrics,
             "all",
             {"kv_transfer": servicer.kv_transfer_seconds},
+            plane,
         )
         metrics = MetricsServer(registry, host, metrics_port)
         print(f"prefill worker: metrics {metrics.url}", flush=True)

@@ -38,6 +38,14 @@ class ClusterCollector:
         for reason, n in sorted(stats.routing_decisions.items()):
             decisions.add_metric([*values, reason], n)
         yield decisions
+        routed = CounterMetricFamily(
+            "pdserve_router_routed_requests",
+            "Requests sent to each worker (a retry on another decode worker counts there too).",
+            labels=[*names, "worker_role", "worker_id"],
+        )
+        for (role, worker_id), n in sorted(stats.routed_requests.items()):
+            routed.add_metric([*values, role, worker_id], n)
+        yield routed
 
         families = Families(names, values)
         gauge, counter = families.gauge, families.counter

@@ -177,6 +177,9 @@ class ClusterRouter:
         prefill_order = () if choice.prefill_id is None else choice.prefill_ranking
         if choice.prefill_id is not None and not prefill_order:
             prefill_order = (choice.prefill_id,)
+        self.stats.routed_requests["decode", chosen] += 1
+        if prefill_order:
+            self.stats.routed_requests["prefill", prefill_order[0]] += 1
         return Route(
             request_id,
             tuple(self._target(w) for w in order),
@@ -195,6 +198,7 @@ class ClusterRouter:
             return None
         self.view.sent(rest[0].worker_id, route.request_id, route.num_blocks)
         self.stats.routing_decisions["retry_other_worker"] += 1
+        self.stats.routed_requests["decode", rest[0].worker_id] += 1
         return Route(route.request_id, rest, route.prefill, route.reason, route.num_blocks)
 
     async def release(self, route: Route) -> None:

@@ -1,13 +1,14 @@
 """The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits, request
-migrations."""
+migrations, and the control-plane row (pdserve.dashboards.control_plane)."""
 
 from __future__ import annotations
 
-from pdserve.dashboards.panels import POOL, RI, SEL, Panel, Target, mean, quantiles, rate
+from pdserve.dashboards import control_plane
+from pdserve.dashboards.panels import POOL, RI, SEL, Panel, Row, Target, mean, quantiles, rate
 
 TITLE = "pdserve / capacity"
 
-PANELS = (
+PANELS: tuple[Panel | Row, ...] = (
     Panel(
         "KV cache usage",
         "percentunit",
@@ -115,4 +116,5 @@ PANELS = (
         "short",
         (rate("pdserve_engine_generation_tokens_total", POOL, "role"),),
     ),
+    *control_plane.PANELS,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdserve.dashboards.panels import Panel
+from pdserve.dashboards.panels import Panel, Row
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -62,9 +62,27 @@ def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     return panel
 
 
-def build(uid: str, title: str, panels: tuple[Panel, ...]) -> dict[str, Any]:
-    laid_out, x, y = [], 0, 0
+def _row(r: Row, pid: int, y: int) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "type": "row",
+        "title": r.title,
+        "collapsed": False,
+        "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+        "panels": [],
+    }
+
+
+def build(uid: str, title: str, panels: tuple[Panel | Row, ...]) -> dict[str, Any]:
+    laid_out: list[dict[str, Any]] = []
+    x, y = 0, 0
     for i, p in enumerate(panels, start=1):
+        if isinstance(p, Row):
+            if x > 0:
+                x, y = 0, y + 8
+            laid_out.append(_row(p, i, y))
+            y += 1
+            continue
         if x + p.width > 24:
             x, y = 0, y + 8
         laid_out.append(_panel(p, i, x, y))

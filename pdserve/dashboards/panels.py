@@ -33,6 +33,13 @@ class Panel:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Row:
+    """A Grafana row header: the panels after it, up to the next row, belong to it."""
+
+    title: str
+
+
 def quantiles(
     metric: str, sel: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.95, 0.99)
 ) -> tuple[Target, ...]:

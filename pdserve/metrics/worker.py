@@ -1,6 +1,9 @@
-"""The registry of a prefill or decode worker: its engine, TTFT stages and KV transfer."""
+"""The registry of a prefill or decode worker: its engine, TTFT stages, KV transfer and its
+side of the control plane."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
@@ -11,6 +14,9 @@ from pdserve.metrics.engine_collector import EngineCollector
 from pdserve.metrics.stages import TtftStages
 from pdserve.metrics.transfer_collector import TransferCollector
 
+if TYPE_CHECKING:
+    from control_plane.worker_side import WorkerControlPlane
+
 
 def worker_registry(
     engine: AsyncEngine,
@@ -19,6 +25,7 @@ def worker_registry(
     transfer: TransferMetrics,
     transport: str,
     stages: dict[str, Histogram],
+    control: WorkerControlPlane | None = None,
 ) -> CollectorRegistry:
     """``role`` is "prefill" (the transfer's sending side) or "decode" (receiving side);
     ``stages`` adds the service's own TTFT stages to the engine's queue and compute."""
@@ -34,4 +41,10 @@ def worker_registry(
     registry.register(ttft)
     side = "send" if role == "prefill" else "receive"
     registry.register(TransferCollector(transfer, role, model, transport, side))
+    if control is not None:
+        from pdserve.metrics.control_plane_collector import WorkerControlPlaneCollector
+
+        registry.register(
+            WorkerControlPlaneCollector(control.stats, lambda: control.is_registered, role, model)
+        )
     return registry

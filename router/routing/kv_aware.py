@@ -37,7 +37,7 @@ class KvAwarePolicy:
         transfer_scale: float = 0.25,
         local_prefill_scale: float = 2.0,
         local_prefill_max_blocks: int = 0,
-        local_prefill_hit_ratio: float = 0.9,
+        local_prefill_hit_ratio: float = 0.75,
         share_cap: float = 1.5,
         temperature: float = 0.0,
         seed: int = 0,

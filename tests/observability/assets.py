@@ -46,7 +46,7 @@ def dashboard_queries(variables: dict[str, str]) -> list[Query]:
     out = []
     for path in dashboard_files():
         for panel in load_dashboard(path)["panels"]:
-            for target in panel["targets"]:
+            for target in panel.get("targets", []):  # a row header has none
                 where = f"{path.name}: {panel['title']} [{target['refId']}]"
                 out.append(Query(where, substitute(target["expr"], variables)))
     return out

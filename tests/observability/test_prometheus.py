@@ -264,16 +264,25 @@ def test_scraped_numbers_match_the_load(loaded: Prometheus) -> None:
     assert v(f'sum(pdserve_request_rejected_total{{{sel}, reason="invalid"}})') == 1
     assert v(f'sum(pdserve_request_rejected_total{{{sel}, reason="not_found"}})') == 1
     assert v(f'pdserve_slo_target_seconds{{{sel}, slo="ttft"}}') == 60
-    # Every request was prefilled remotely: one transfer each, seen by both sides.
+    # A request whose prompt decode already caches mostly (the shared prefix) may be
+    # prefilled on decode (kv_aware's local prefill); every other one was prefilled remotely:
+    # one transfer each, seen by both sides.
+    local = loaded.query(
+        f'sum(pdserve_router_routing_decisions_total{{{sel}, reason="local_prefill"}})'
+    )
+    remote = NUM_OK - (int(float(local[0]["value"][1])) if local else 0)
+    assert remote > 0
     for side in ("send", "receive"):
-        assert v(f'sum(pdserve_kv_transfers_total{{{sel}, side="{side}"}})') == NUM_OK
-        assert v(f'sum(pdserve_kv_transfer_seconds_count{{{sel}, side="{side}"}})') == NUM_OK
+        assert v(f'sum(pdserve_kv_transfers_total{{{sel}, side="{side}"}})') == remote
+        assert v(f'sum(pdserve_kv_transfer_seconds_count{{{sel}, side="{side}"}})') == remote
     sent = v(f'sum(pdserve_kv_transfer_bytes_total{{{sel}, side="send"}})')
     assert sent > 0 and sent == v(f'sum(pdserve_kv_transfer_bytes_total{{{sel}, side="receive"}})')
-    # Decode sampled every token but the first (the prefill worker's).
+    # The prefill worker sampled the first token of each remote prefill, decode all the rest.
     decoded = f'sum(pdserve_engine_generation_tokens_total{{{sel}, role="decode"}})'
-    assert v(decoded) == NUM_OK * 5
-    assert v(f'sum(pdserve_engine_generation_tokens_total{{{sel}, role="prefill"}})') == NUM_OK
+    assert v(decoded) == NUM_OK * 6 - remote
+    assert v(f'sum(pdserve_engine_generation_tokens_total{{{sel}, role="prefill"}})') == remote
+    for role, n in (("decode", NUM_OK), ("prefill", remote)):
+        assert v(f'sum(pdserve_router_routed_requests_total{{{sel}, worker_role="{role}"}})') == n
     stages = loaded.query(f"sum by (stage) (pdserve_request_ttft_stage_seconds_count{{{sel}}}) > 0")
     assert {r["metric"]["stage"] for r in stages} == {
         "router_queue",
@@ -282,7 +291,8 @@ def test_scraped_numbers_match_the_load(loaded: Prometheus) -> None:
         "kv_transfer",
         "decode_admission",
     }
-    assert v(f'sum(pdserve_engine_prefix_cache_hit_blocks_total{{{sel}, role="prefill"}})') > 0
+    # The shared prefix hit a prefix cache: prefill's, or decode's for a local prefill.
+    assert v(f"sum(pdserve_engine_prefix_cache_hit_blocks_total{{{sel}}})") > 0
     assert v(f'sum(pdserve_router_healthy_workers{{{sel}, pool="decode"}})') == 1
     assert v(f"sum(pdserve_engine_kv_usage_ratio{{{sel}}})") == 0  # everything freed
     buckets = f"rate(pdserve_request_ttft_seconds_bucket{{{sel}}}[5m])"
