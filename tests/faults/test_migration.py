@@ -29,7 +29,6 @@ from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.faults.cluster import Cluster, start_cluster
 from tests.hf_oracle import hf_greedy
 
-LEASE_S = 4.0  # decode's reservation lease (a stopped prefill worker stops renewing it)
 AVOID_FAILED_S = 5.0  # router.disaggregated_backend: a worker that lost a request is avoided
 
 STALL_S = 6.0  # decode heartbeats every ~1 s; generous for a loaded 2-core machine
@@ -279,7 +278,6 @@ def test_decode_death_migrates_and_no_worker_left_is_a_clear_error(llama: Path) 
         num_prefill=2,
         num_decode=2,
         router_args=["--stall-timeout-s", str(STALL_S)],
-        decode_args=["--kv-lease-s", str(LEASE_S)],
         num_kv_blocks=1024,
     ) as cluster:
         expected, stop = _expected(cluster, llama)
@@ -287,20 +285,6 @@ def test_decode_death_migrates_and_no_worker_left_is_a_clear_error(llama: Path) 
         got = asyncio.run(_run(cluster, reqs, cluster.decode[0].kill))
         _assert_same(got, expected, cluster)
         assert _migrations(cluster).get(("decode", "worker_lost"), 0) >= 1, _migrations(cluster)
-        cluster.wait_pools_free()
-
-        # SIGSTOP a prefill worker holding prefills: it stops renewing their reservations,
-        # decode releases them after its lease, and they migrate to the other prefill worker.
-        before = _migrations(cluster)
-        cluster.prefill[0].pause()
-        try:
-            got = asyncio.run(_run(cluster, reqs, lambda: None, after_tokens=0))
-        finally:
-            cluster.prefill[0].resume()
-        _assert_same(got, expected, cluster)
-        after = _migrations(cluster)
-        moved = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
-        assert any(phase == "prefill" for phase, _ in moved), (before, after)
         cluster.wait_pools_free()
 
         # The last decode worker stalls: nowhere to migrate, a clear error for every stream.
