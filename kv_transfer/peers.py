@@ -147,7 +147,7 @@ class RegisteredPeers:
             return True
         # Decide on a read that began after this call: one under way since before it may
         # predate the registration of the worker the ticket names.
-        while self._read_at < arrived and endpoint not in self._known:
+        while self._read_at < arrived:
             if not await self._refreshed():
                 break  # the registry is unreachable: the last list stands
         return endpoint in self._known
