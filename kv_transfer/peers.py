@@ -137,33 +137,40 @@ class RegisteredPeers:
         self._max_age_s = max_age_s
         self._known: frozenset[str] = frozenset()
         self._read_at = -float("inf")  # monotonic: when the last read began
-        self._reading: asyncio.Future[None] | None = None
+        self._reading: asyncio.Future[bool] | None = None
 
     async def admits(self, endpoint: str) -> bool:
         if self._static is not None and self._static.allows(endpoint):
             return True
-        fresh = time.monotonic() - self._read_at <= self._max_age_s
-        if not (fresh and endpoint in self._known):
-            await self._refreshed()
+        arrived = time.monotonic()
+        if arrived - self._read_at <= self._max_age_s and endpoint in self._known:
+            return True
+        # Decide on a read that began after this call: one under way since before it may
+        # predate the registration of the worker the ticket names.
+        while self._read_at < arrived:
+            if not await self._refreshed():
+                break  # the registry is unreachable: the last list stands
         return endpoint in self._known
 
-    async def _refreshed(self) -> None:
+    async def _refreshed(self) -> bool:
         if self._reading is None:
             self._reading = asyncio.ensure_future(self._refresh())
         reading = self._reading
         try:
-            await asyncio.shield(reading)
+            return await asyncio.shield(reading)
         finally:
             if reading.done() and self._reading is reading:
                 self._reading = None
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> bool:
         started = time.monotonic()
         try:
             self._known = await self._list()
-            self._read_at = started
         except Exception as e:  # the registry is unreachable: keep the last list
             logger.warning("cannot list the registered decode workers (%s): keeping the last", e)
+            return False
+        self._read_at = started
+        return True
 
     def refusal(self, endpoint: str) -> PeerNotAllowedError:
         also = " or --kv-allowed-peers" if self._static is not None else ""

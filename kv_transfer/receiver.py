@@ -270,6 +270,7 @@ class ReceiverBase:
         while True:
             try:
                 for peer in self.core.table.expire():
+                    _log.warning("KV peer %s cut: a write outlived its lease", peer)
                     self._cut_peer(peer)
             except Exception:  # an owner callback broke its contract: keep reaping
                 _log.exception("lease reaper")

@@ -102,6 +102,7 @@ class _Reservation:
     created: float
     peer: PeerId | None = None
     in_flight: int = 0
+    stalled: bool = False  # its write's peer was reported for cutting (once)
     release_reason: ReleaseReason | None = None  # set: RELEASING
     final: tuple[int, float] | None = None  # (first token id, logprob) once the last message came
     num_received: int = 0
@@ -202,9 +203,11 @@ class ReservationTable:
         return True
 
     def expire(self) -> list[PeerId]:
-        """Release every reservation whose lease has passed. Returns the peers that still have
-        a write in flight into one of them: the transport must cut those connections so the
-        writes stop (the release completes when they do)."""
+        """Release every reservation whose lease has passed. Returns the peers with a write
+        still in flight past its lease deadline into a released reservation (expired, or
+        aborted while the write was on the wire): the transport must cut those connections so
+        the writes stop (the release completes when they do). A write within its deadline is
+        left to finish: cutting a connection releases every reservation it serves."""
         now = self._clock()
         stalled: list[PeerId] = []
         done: list[_Reservation] = []
@@ -212,7 +215,14 @@ class ReservationTable:
             for r in list(self._reservations.values()):
                 if r.release_reason is None and r.deadline <= now:
                     done += self._start_release(r, ReleaseReason.EXPIRED)
-                if r.release_reason is not None and r.in_flight and r.peer is not None:
+                if (
+                    r.release_reason is not None
+                    and r.in_flight
+                    and r.peer is not None
+                    and r.deadline <= now
+                    and not r.stalled
+                ):
+                    r.stalled = True
                     stalled.append(r.peer)
         self._notify(done)
         return stalled
@@ -238,10 +248,13 @@ class ReservationTable:
         self._notify(done)
 
     def next_deadline(self) -> float | None:
-        """Earliest lease deadline of a live reservation (clock time), or None."""
+        """Earliest lease deadline (clock time) of a live reservation or of a released one with
+        a write in flight, or None."""
         with self._lock:
             deadlines = [
-                r.deadline for r in self._reservations.values() if r.release_reason is None
+                r.deadline
+                for r in self._reservations.values()
+                if r.release_reason is None or (r.in_flight and not r.stalled)
             ]
         return min(deadlines, default=None)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,7 @@ CONTROL_TAG = 0x4B56_0001
 MAX_CONTROL_BYTES = 64 << 10
 _TAG_MASK = (1 << 32) - 1
 _ACK_TIMEOUT_S = 5.0
+_log = logging.getLogger(__name__)
 
 
 _started = False
@@ -123,15 +125,16 @@ class UcxReceiver(ReceiverBase):
             self._listen_task.cancel()
             await asyncio.gather(self._listen_task, return_exceptions=True)
         for sender_id in list(self._peers):
-            self._cut_peer(sender_id)
+            self._cut_peer(sender_id, "receiver closed")
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _cut_peer(self, peer: object) -> None:
+    def _cut_peer(self, peer: object, why: str = "a write outlived its lease") -> None:
         ep = self._peers.pop(peer, None) if isinstance(peer, int) else None
         if ep is not None:
             ep.abort(period=10**8)  # cancels receives posted on it: in-flight writes fail
-        self.core.table.peer_lost(peer)
+        released = self.core.table.peer_lost(peer)
+        _log.warning("UCX sender %s cut (%s): %d reservation(s) released", peer, why, released)
 
     async def _listen(self) -> None:
         while True:
@@ -193,8 +196,8 @@ class UcxReceiver(ReceiverBase):
                 ),
                 _ACK_TIMEOUT_S,
             )
-        except Exception:
-            self._cut_peer(frame.sender_id)
+        except Exception as e:
+            self._cut_peer(frame.sender_id, f"hello reply not sent: {e!r}")
         if reply.status != pb.KV_STATUS_OK:
             ep.abort(period=10**8)
 
@@ -229,8 +232,8 @@ class UcxReceiver(ReceiverBase):
             await asyncio.wait_for(
                 ep.send(_pack(frame), tag=_ack_tag(sender_id), force_tag=True), _ACK_TIMEOUT_S
             )
-        except Exception:
-            self._cut_peer(sender_id)
+        except Exception as e:
+            self._cut_peer(sender_id, f"reply not sent: {e!r}")
 
 
 class UcxChannel:

@@ -53,6 +53,12 @@ def add_kv_peer_args(p: argparse.ArgumentParser) -> None:
         help="the only decode KV endpoints a ticket may name: tcp://host:port, host:port, "
         "host or CIDR (repeat or comma-separate; default: any)",
     )
+    p.add_argument(
+        "--kv-peers-from-registry",
+        action="store_true",
+        help="with --redis-url: tickets may name only registered decode workers' KV endpoints "
+        "(and --kv-allowed-peers); off by default while UCX endpoints are not matched reliably",
+    )
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ async def serve(
         # --kv-allowed-peers): a stranger cannot have this worker connect where it chooses.
         peers=(
             RegisteredPeers(lambda: plane.kv_endpoints("decode"), security.peers)
-            if plane.has_registry
+            if plane.has_registry and getattr(control, "kv_peers_from_registry", False)
             else security.peers
         ),
     )

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 
 from engine.outputs import RequestOutput
 from router.admission import Slot
@@ -36,6 +37,13 @@ from router.tokenize_api import add_tokenize_routes
 def build_app(router: Router) -> FastAPI:
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     backend = router.backend
+
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client closed the connection before its body was read (under load the router
+        # reads it late): nothing was admitted, nobody is there to answer, nothing to log.
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    app.add_exception_handler(ClientDisconnect, client_gone)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -10,7 +10,9 @@ rev=$(git -C "$src" rev-parse HEAD)
 if [ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]; then
     echo "fresh_ci: note: uncommitted changes in $src are not part of this run" >&2
 fi
-work=$(mktemp -d /tmp/pdserve-fresh-ci.XXXXXX)
+# Not under /tmp: the chart tests' pods mount an emptyDir at /tmp, which would hide a venv
+# there from the pods' processes ("pdserve: No such file or directory").
+work=$(mktemp -d "${FRESH_CI_DIR:-/var/tmp}/pdserve-fresh-ci.XXXXXX")
 chmod 755 "$work"  # mktemp makes it 0700: the chart tests run pods as another user (10001)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
 

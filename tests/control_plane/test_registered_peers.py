@@ -52,7 +52,9 @@ def test_prefill_connects_only_to_registered_decode_workers(
 ) -> None:
     flags = ["--redis-url", redis.url, "--cluster-name", "test", "--registry-lease-s", "2"]
     decode = spawn_worker("decode", llama, *flags, "--worker-id", "decode-a")
-    prefill = spawn_worker("prefill", llama, *flags, "--worker-id", "prefill-a")
+    prefill = spawn_worker(
+        "prefill", llama, *flags, "--worker-id", "prefill-a", "--kv-peers-from-registry"
+    )
     try:
         wait_started(decode)
         wait_started(prefill)

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from decode_service.server import SERVICE_NAME as DECODE_SERVICE
+from tests.conftest import TINY_ARCHS
 from tests.faults.clients import Outcome, http_stream
 from tests.faults.cluster import start_cluster
 from tests.router.server_harness import start_server
@@ -25,7 +27,16 @@ from tests.router.server_harness import start_server
 GRACE_S = 3.0
 EXIT_SLACK_S = 2.0  # the bound: every process gone within grace + 2 s
 PROMPT = list(range(40, 80))
-SHORT, LONG = 8, 1900  # output tokens: done well within the grace / far from done at it
+# Output tokens: done well within the grace / far from done at it. LONG is long enough that
+# no machine finishes it within the grace (1900 did, on a fast CI machine), so its model has
+# a long context; LONG_BLOCKS holds one such request.
+SHORT, LONG = 8, 16_000
+LONG_BLOCKS = 1100
+
+
+@pytest.fixture(scope="module")
+def llama(model_factory) -> Path:  # type: ignore[no-untyped-def]
+    return model_factory("llama-16k", **TINY_ARCHS["llama"], max_position_embeddings=16_384)
 
 
 def _children(pid: int) -> list[int]:
@@ -70,7 +81,7 @@ def _check_drained_streams(short: list[Outcome], long: list[Outcome]) -> None:
 def test_sigterm_drains_pdserve_serve_within_the_grace(llama: Path) -> None:
     server = start_server(
         llama,
-        "--kv-transport", "tcp", "--num-kv-blocks", "256",
+        "--kv-transport", "tcp", "--num-kv-blocks", str(6 * LONG_BLOCKS),
         "--shutdown-grace-s", str(GRACE_S),
         colocated=False,
     )  # fmt: skip
@@ -119,7 +130,7 @@ def test_sigterm_drains_pdserve_serve_within_the_grace(llama: Path) -> None:
 
 def test_sigterm_drains_a_standalone_decode_worker(llama: Path) -> None:
     with start_cluster(
-        llama, decode_args=["--shutdown-grace-s", str(GRACE_S)], num_kv_blocks=256
+        llama, decode_args=["--shutdown-grace-s", str(GRACE_S)], num_kv_blocks=2 * LONG_BLOCKS
     ) as cluster:
         decode, url = cluster.decode[0], cluster.url
 

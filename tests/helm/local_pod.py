@@ -168,6 +168,13 @@ class LocalPod:
         return self.sandbox.exec_command(self.process.pid, argv, self.process_env())
 
     def start(self) -> None:
+        venv = Path(sys.executable).parent
+        for target in self.mounts:
+            if venv.is_relative_to(target):
+                raise AssertionError(
+                    f"the host's Python ({venv}) is under {target}, which the pod mounts a "
+                    "volume over: its processes could not find pdserve (use a venv elsewhere)"
+                )
         self.root.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(

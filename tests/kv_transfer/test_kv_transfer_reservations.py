@@ -136,6 +136,32 @@ def test_lease_expiry_renewal_and_stalled_peers(table, owner, clock):
     assert table.next_deadline() is None and len(table) == 0
 
 
+def test_an_aborted_reservation_s_write_in_flight_is_not_a_stall_until_its_deadline(
+    table, owner, clock
+):
+    """A client cancel aborts a reservation while its push is on the wire: the write keeps the
+    blocks until it ends, but the peer is cut only if it is still in flight at the write's
+    lease deadline. (The reaper used to report every releasing reservation with a write in
+    flight as stalled at its next wake, and the cut released every other reservation of that
+    prefill worker as peer_lost: CI's abort_storm[ucx].)"""
+    token, _ = table.reserve("cancelled", [1], lease_s=1.0)
+    table.reserve("other", [2], lease_s=1.0)
+    grant = write(table, "cancelled", token, [(0, 1)])
+    assert table.abort("cancelled") is True
+    clock.now += 0.5
+    assert table.renew("other") is True
+    assert table.expire() == []  # the write has until its deadline
+    assert table.next_deadline() == pytest.approx(101.0)  # the reaper wakes to check it
+    clock.now += 0.6
+    assert table.expire() == ["p"]  # now it is stalled: cut the peer
+    assert table.expire() == []  # once: the cut ends the write
+    assert table.next_deadline() == pytest.approx(101.5)  # "other"'s (renewed at 100.5)
+    table.end_write(grant, ok=False)
+    assert owner.released == [("cancelled", (1,), ReleaseReason.ABORTED)]
+    assert "other" in table
+    table.check_integrity()
+
+
 def test_peer_lost_releases_only_that_peers_reservations(table, owner):
     t1, _ = table.reserve("one", [1])
     table.reserve("two", [2])

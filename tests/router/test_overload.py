@@ -21,14 +21,16 @@ from tests.router.server_harness import Server, start_server
 pytestmark = pytest.mark.timeout(300)
 
 MAX_QUEUE = 3
-ADMITTED = [500, 5, 5]  # output tokens; the first outlasts every rejection below
+# Output tokens; the first outlasts every rejection below (2,000 steps: with the compiled CPU
+# kernels 500 ran out before a loaded machine had sent the rejections).
+ADMITTED = [2000, 5, 5]
 
 
 @pytest.fixture(scope="module")
 def busy_server(llama: Path) -> Iterator[Server]:
     s = start_server(
         llama,
-        "--num-kv-blocks", "64", "--max-model-len", "512",
+        "--num-kv-blocks", "256", "--max-model-len", "2048",
         "--max-queue", str(MAX_QUEUE), "--max-num-seqs", "1", "--retry-after-s", "2",
     )  # fmt: skip
     yield s
@@ -119,8 +121,8 @@ def _check_priority(server: Server) -> None:
             finished[name] = time.monotonic()
 
         async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as client:
-            # As long as max_model_len (512) allows: it must outlast queueing two more requests.
-            head = asyncio.create_task(run(client, "head", _body(500, stream=True)))
+            # Nearly max_model_len (2048): it must outlast queueing two more requests.
+            head = asyncio.create_task(run(client, "head", _body(2000, stream=True)))
             while "head" not in first_token:
                 await asyncio.sleep(0.01)
             low = asyncio.create_task(run(client, "low", _body(5, stream=True, priority=10)))
