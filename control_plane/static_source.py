@@ -108,7 +108,8 @@ class StaticClusterSource:
             t.reachable = False
             if t.info is not None:
                 # Out of routing until it answers again (a stopped worker's polls hang for
-                # the call timeout, longer than any fixed window).
+                # the call timeout, longer than any fixed window), while another can serve:
+                # a poll that timed out on a loaded host is no proof the worker is gone.
                 self.view.mark_failed(t.info.worker_id, for_s=float("inf"))
 
     async def _learn(self, t: _Target) -> None:

@@ -176,7 +176,9 @@ class DisaggregatedBackend:
                             ErrorKind.UNAVAILABLE, "the request was aborted"
                         ) from None
                     if e.worker_id and e.reason != "worker_error":
-                        self.cluster.view.mark_failed(e.worker_id, for_s=_AVOID_FAILED_S)
+                        self.cluster.view.mark_failed(
+                            e.worker_id, for_s=_AVOID_FAILED_S, stalled=e.reason == "stall"
+                        )
                     phase = "decode" if len(acc.token_ids) > streamed else "prefill"
                     migrations.begin(e, phase)  # raises once the limit is reached
                     logger.warning(
