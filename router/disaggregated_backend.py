@@ -176,9 +176,9 @@ class DisaggregatedBackend:
                             ErrorKind.UNAVAILABLE, "the request was aborted"
                         ) from None
                     if e.worker_id and e.reason != "worker_error":
-                        self.cluster.view.mark_failed(
-                            e.worker_id, for_s=_AVOID_FAILED_S, stalled=e.reason == "stall"
-                        )
+                        # Soft: skipped while another worker can serve (a decode stall the
+                        # router saw itself is marked strictly by WorkerCalls.read).
+                        self.cluster.view.mark_failed(e.worker_id, for_s=_AVOID_FAILED_S)
                     phase = "decode" if len(acc.token_ids) > streamed else "prefill"
                     migrations.begin(e, phase)  # raises once the limit is reached
                     logger.warning(
@@ -233,7 +233,9 @@ class DisaggregatedBackend:
                     )
                 )
                 self._calls[rid].append(prefill)
-                msg = await self._workers.read_while_prefilling(call, decode, rid, prefill)
+                msg = await self._workers.read_while_prefilling(
+                    call, decode, rid, prefill, route.prefill[0]
+                )
             else:
                 msg = await self._workers.read(call, decode, rid)
             first_output = True

@@ -58,9 +58,13 @@ class WorkerCalls:
         decode: Target,
         rid: str,
         prefill: asyncio.Task[wpb.PrefillResponse],
+        prefill_worker: Target,
     ) -> wpb.DecodeMessage | None:
         """Decode's next message, failing at once if the prefill fails first (decode's stream
-        would end too, once its reservation is released, but the client hears sooner)."""
+        would end too, once its reservation is released, but the client hears sooner). When
+        decode's reservation ends because the prefill worker went silent (the lease expired
+        unrenewed) or its KV connection broke while the Prefill call is still pending, the
+        failure is the prefill worker's: migration then avoids it, not the decode worker."""
         read = asyncio.ensure_future(self.read(call, decode, rid))
         try:
             done, _ = await asyncio.wait({read, prefill}, return_when=asyncio.FIRST_COMPLETED)
@@ -68,7 +72,17 @@ class WorkerCalls:
                 if prefill.cancelled():  # by abort()
                     raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
                 prefill.result()  # raises the prefill's RequestError, if it failed
-            return await read
+            try:
+                return await read
+            except WorkerFailure as e:
+                blamed = _prefill_blamed(e.message)
+                if blamed is None or prefill.done():
+                    raise
+                raise WorkerFailure(
+                    f"prefill worker {prefill_worker.address}: {e.message}",
+                    blamed,
+                    prefill_worker.worker_id,
+                ) from None
         finally:
             if not read.done():
                 read.cancel()
@@ -118,3 +132,15 @@ class WorkerCalls:
                 return None
             if msg.WhichOneof("kind") != "heartbeat":
                 return msg  # type: ignore[no-any-return]
+
+
+def _prefill_blamed(decode_error: str) -> str | None:
+    """The migration reason when decode's error says its KV never came from the prefill
+    worker (kv_transfer.decode_connector's release reasons), else None."""
+    if "ended before completion: expired" in decode_error:
+        return "stall"
+    if "ended before completion: peer_lost" in decode_error:
+        return "worker_lost"
+    if "ended before completion: aborted" in decode_error:
+        return "worker_error"  # it gave up (e.g. shutting down); its own answer tells why
+    return None

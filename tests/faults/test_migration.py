@@ -71,16 +71,17 @@ class Seen:
         return (self.token_ids, self.pieces, self.text, self.finish_reason, self.usage)
 
 
-def _requests(stop: str | None = None) -> list[Req]:
+def _requests(stop: str | None = None, base: int = 0) -> list[Req]:
+    """The mix; ``base`` shifts every prompt (prompts no worker has cached yet)."""
     greedy = dict(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     seeded = dict(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=42, ignore_eos=True)
     reqs = [
-        Req("greedy-a", _prompt(1), greedy),
-        Req("greedy-b", _prompt(2, 60), greedy),
-        Req("seeded", _prompt(3), seeded),
+        Req("greedy-a", _prompt(base + 1), greedy),
+        Req("greedy-b", _prompt(base + 2, 60), greedy),
+        Req("seeded", _prompt(base + 3), seeded),
         Req(
             "seeded-min-tokens-penalties",
-            _prompt(4),
+            _prompt(base + 4),
             dict(
                 max_tokens=MAX_TOKENS,
                 min_tokens=MAX_TOKENS - 20,
@@ -91,7 +92,7 @@ def _requests(stop: str | None = None) -> list[Req]:
                 repetition_penalty=1.1,
             ),
         ),
-        Req("sse-logprobs", _prompt(5), dict(greedy, logprobs=1), http=True),
+        Req("sse-logprobs", _prompt(base + 5), dict(greedy, logprobs=1), http=True),
     ]
     if stop is not None:
         reqs.append(Req("stop", _prompt(1), dict(greedy, stop=[stop])))
@@ -296,4 +297,52 @@ def test_decode_death_migrates_and_no_worker_left_is_a_clear_error(llama: Path) 
             assert s.error is not None and s.error.startswith("UNAVAILABLE"), (name, s)
             assert "stalled" in s.error and "migrating the request failed" in s.error, s.error
             assert "no decode worker is available" in s.error, s.error
+        cluster.wait_pools_free()
+
+
+def test_a_stopped_or_terminated_prefill_worker_costs_nothing(llama: Path) -> None:
+    """Prompts no worker has cached, all prefilled remotely (--local-prefill-max-tokens 0):
+    those on a SIGSTOPped prefill worker move to the other once decode's lease on their
+    blocks expires unrenewed (the failure is the prefill worker's, so it is the one avoided);
+    those queued on a prefill worker that gets SIGTERM with no grace move too. Both runs
+    equal the uninterrupted one, run afterwards (greedy: HF's)."""
+    with start_cluster(
+        llama,
+        num_prefill=2,
+        num_decode=2,
+        router_args=["--stall-timeout-s", str(STALL_S), "--local-prefill-max-tokens", "0"],
+        prefill_args=["--shutdown-grace-s", "0"],
+        decode_args=["--kv-lease-s", "3"],
+        num_kv_blocks=1024,
+    ) as cluster:
+        stopped, reqs = cluster.prefill[0], _requests(base=10)
+        stopped.pause()
+        try:
+            got_stop = asyncio.run(_run(cluster, reqs))
+        finally:
+            stopped.resume()
+        counts = _migrations(cluster)
+        assert counts.get(("prefill", "stall"), 0) >= 1, counts
+        cluster.wait_pools_free()
+
+        def terminate_while_queued() -> None:
+            time.sleep(1.5)  # the Prefill calls have reached the stopped worker's socket
+            stopped.proc.terminate()
+            stopped.resume()
+
+        time.sleep(AVOID_FAILED_S + 1)  # prefill 0 is routed to again
+        stopped.pause()
+        got_term = asyncio.run(_run(cluster, reqs, terminate_while_queued, after_tokens=0))
+        assert stopped.proc.wait(30) == 0
+        assert sum(n for (ph, _), n in _migrations(cluster).items() if ph == "prefill") > sum(
+            n for (ph, _), n in counts.items() if ph == "prefill"
+        ), _migrations(cluster)
+        cluster.wait_pools_free()
+
+        expected = asyncio.run(_run(cluster, reqs))
+        for name, s in expected.items():
+            assert s.error is None and s.finish_reason == "length", (name, s)
+        assert expected["greedy-a"].token_ids == hf_greedy(llama, reqs[0].prompt, MAX_TOKENS)
+        _assert_same(got_stop, expected, cluster)
+        _assert_same(got_term, expected, cluster)
         cluster.wait_pools_free()
