@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
 from control_plane.kv_events import KVIndex
@@ -89,10 +89,16 @@ class ClusterView:
         return self._clock() + self._offset
 
     # ------------------------------------------------------------------ membership
-    def set_members(self, infos: Iterable[WorkerInfo]) -> None:
-        """Replace the membership with a full listing (a re-list)."""
+    def set_members(self, infos: Iterable[WorkerInfo], keep: Set[str] = frozenset()) -> None:
+        """Replace the membership with a full listing (a re-list). A member of ``keep`` the
+        listing lacks stays while the lease it last held lasts (Redis lost its data: the
+        member is about to register again, it did not leave)."""
         fresh = {i.worker_id: i for i in infos}
+        now = self.registry_time()
         for gone in set(self._members) - set(fresh):
+            deadline = self._members[gone].lease_deadline
+            if gone in keep and deadline and deadline > now:
+                continue
             self.remove_member(gone)
         for info in fresh.values():
             self.upsert_member(info)

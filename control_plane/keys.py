@@ -8,6 +8,7 @@
     {p}:kv:{id}             STREAM KV event batches of the worker, capped
     {p}:pending:{id}        ZSET  request id -> dispatch time (ms): routers' in-flight sends
     {p}:pending_blocks:{id} HASH  request id -> blocks it will need on the worker
+    {p}:generation          STRING random, set once (NX): a new value means Redis lost its data
 
 ``p`` is ``pdserve:<cluster>``: several pdserve releases can share one Redis.
 """
@@ -50,3 +51,7 @@ class Keyspace:
 
     def pending_blocks(self, worker_id: str) -> str:
         return f"{self.prefix}:pending_blocks:{worker_id}"
+
+    @property
+    def generation(self) -> str:
+        return f"{self.prefix}:generation"

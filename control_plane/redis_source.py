@@ -51,6 +51,8 @@ class RedisClusterSource:
         self._outage_since: float | None = None
         self._changed = asyncio.Event()  # membership changed: restart the KV read
         self._snapshot_after: dict[str, float] = {}  # worker -> no new try before (monotonic)
+        self._generation: str | None = None  # Redis's dataset (RedisStore.generation)
+        self._forgotten: set[str] = set()  # members Redis forgot (data loss), not yet back
 
     async def start(self) -> None:
         """One re-list (bounded; an unreachable Redis is an outage, not an error), then the
@@ -95,9 +97,23 @@ class RedisClusterSource:
 
     # ------------------------------------------------------------------ membership
     async def relist(self) -> None:
+        generation = await self.store.generation()
         now, infos = await self.store.list_members()
         self.view.sync_clock(now)
-        self.view.set_members(infos)
+        if self._generation is not None and generation != self._generation:
+            # Redis lost its data (restarted empty): every worker registers again at its next
+            # heartbeat. Until then (or the lease it held passes), one missing from a listing
+            # is re-registering, not gone: dropping it would leave a pool with none to route to.
+            self._forgotten = {m.worker_id for m in self.view.members()}
+            logger.warning(
+                "the control plane's Redis lost its data: keeping the %d known workers until "
+                "they register again or their leases pass",
+                len(self._forgotten),
+            )
+        self._generation = generation
+        self._forgotten -= {i.worker_id for i in infos}  # registered again: no leniency
+        self.view.set_members(infos, keep=self._forgotten)
+        self._forgotten &= {m.worker_id for m in self.view.members()}
         self._recovered()
         self._changed.set()
 

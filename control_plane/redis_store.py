@@ -8,6 +8,7 @@ Any Redis failure (refused, reset, timed out, a script error) raises
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -231,6 +232,16 @@ class RedisStore:
                     )
                 )
         return out
+
+    async def generation(self) -> str:
+        """This Redis dataset's generation: a random value the first caller sets and every
+        later one reads. It changes only when Redis loses its data (a restart without
+        persistence, a new instance behind the same address)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self.keys.generation, secrets.token_hex(8), nx=True)
+        pipe.get(self.keys.generation)
+        _, value = await self._run(pipe.execute())
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     async def last_event_id(self) -> bytes:
         """The id of the newest membership event (b"0-0" when none): read after this."""

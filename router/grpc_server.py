@@ -59,10 +59,22 @@ def _undecodable(request: object) -> RequestError | None:
 
 
 async def _abort(context: grpc.aio.ServicerContext, e: RequestError) -> None:
+    """End the call with ``e``'s status. A call gRPC has ended already (its deadline passed, or
+    the client cancelled, a moment before the router's own deadline fired) has nobody to
+    answer: return quietly instead of failing the handler."""
+    if context.done():
+        return
     trailers: tuple[tuple[str, str], ...] = ()
     if e.retry_after_s is not None:
         trailers = (("retry-after-s", f"{e.retry_after_s:g}"),)
-    await context.abort(_STATUS[e.kind], e.message, trailing_metadata=trailers)
+    try:
+        await context.abort(_STATUS[e.kind], e.message, trailing_metadata=trailers)
+    except grpc.aio.AbortError:
+        raise  # how abort() unwinds the handler once the status is sent
+    except Exception:
+        if not context.done():
+            raise
+        # Ended between the check and the abort: same as above.
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
@@ -145,6 +157,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             router.check_text_length(len(request.text), "text")
         except RequestError as e:
             await _abort(context, e)
+            return pb.TokenizeResponse()  # the call had ended: nobody reads this
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
         backend = router.backend
         text = request.text

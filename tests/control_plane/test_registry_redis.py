@@ -186,6 +186,49 @@ def test_redis_restart_rebuilds_the_registry_from_heartbeats(redis: RedisServer)
     run(main)
 
 
+def test_after_redis_loses_its_data_no_worker_drops_out_while_it_registers_again(
+    redis: RedisServer,
+) -> None:
+    """A Redis restarted empty lists nobody until each worker's next heartbeat; a router that
+    re-listed in between used to drop them (a pool with one worker had none to route to, and
+    CI's two-router test saw 3 of 4 workers). Redis's generation marker tells a data loss from
+    a worker leaving: the members it forgot stay while the leases they held last, and once
+    back, leave at once again."""
+
+    async def main() -> None:
+        store = RedisStore(redis.url, cluster="t")
+        agents = [
+            WorkerAgent(store, info("d1", "decode"), sample(), lease_s=8.0, interval_s=1.5),
+            WorkerAgent(store, info("p1", "prefill"), sample(), lease_s=8.0, interval_s=1.5),
+        ]
+        for a in agents:
+            await a.start()
+        view = ClusterView(FP)
+        source = RedisClusterSource(RedisStore(redis.url, cluster="t"), view, relist_s=0.1)
+        await source.start()
+        await until(lambda: len(view.members()) == 2)
+        generation = await source.store.generation()
+        redis.restart()  # empty: no persistence
+        seen: list[int] = []
+        while not all(a.stats.reregistrations >= 1 for a in agents):
+            seen.append(len(view.routable("decode")) + len(view.routable("prefill")))
+            await asyncio.sleep(0.02)
+        assert await source.store.generation() != generation
+        assert seen and min(seen) == 2, seen
+        await until(
+            lambda: sorted(m.epoch for m in view.members()) == [2, 2],
+            what="routers to see the new epochs",
+        )
+        for a in agents:
+            await a.stop()
+        await until(lambda: not view.members(), timeout_s=2.0, what="the leave events")
+        await source.close()
+        await source.store.close()
+        await store.close()
+
+    run(main)
+
+
 def test_outage_keeps_the_last_membership_and_every_call_is_bounded(
     redis: RedisServer,
 ) -> None:
