@@ -52,8 +52,6 @@ MAX_CONTROL_BYTES = 64 << 10
 _TAG_MASK = (1 << 32) - 1
 _ACK_TIMEOUT_S = 5.0
 _log = logging.getLogger(__name__)
-
-
 _started = False
 
 
