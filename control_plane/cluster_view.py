@@ -79,7 +79,8 @@ class ClusterView:
         self._loads: dict[str, LoadReport] = {}
         self._sends: dict[str, dict[str, _Send]] = {}  # worker -> request id -> send
         # worker -> (avoided until, local clock; even as the last of its pool)
-        self._avoided: dict[str, tuple[float, bool]] = {}
+        # worker id -> (avoided while another can serve until, avoided even as the last until)
+        self._avoided: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ clock
     def sync_clock(self, registry_now: float) -> None:
@@ -164,17 +165,24 @@ class ClusterView:
                 continue
             if not self.in_outage and m.lease_deadline and m.lease_deadline <= now_reg:
                 continue
-            until, even_last = self._avoided.get(m.worker_id, (0.0, False))
-            if until <= now_local:
-                fine.append(m)
-            if until <= now_local or not even_last:
+            soft_until, hard_until = self._avoided.get(m.worker_id, (0.0, 0.0))
+            if hard_until <= now_local:
                 live.append(m)
+                if soft_until <= now_local:
+                    fine.append(m)
         return fine or live
 
     def mark_failed(self, worker_id: str, for_s: float = 2.0, stalled: bool = False) -> None:
         """A call to the worker failed: skip it for ``for_s`` while another worker can serve;
-        ``stalled`` (it answered nothing, not even heartbeats): skip it even as the last."""
-        self._avoided[worker_id] = (self._clock() + for_s, stalled)
+        ``stalled`` (it answered nothing, not even heartbeats): skip it even as the last. A
+        mark never shortens or softens one in force (a stalled worker whose load poll then
+        times out stays avoided even as the last until its stall mark passes)."""
+        soft_until, hard_until = self._avoided.get(worker_id, (0.0, 0.0))
+        until = self._clock() + for_s
+        if stalled:
+            hard_until = max(hard_until, until)
+        soft_until = max(soft_until, until)
+        self._avoided[worker_id] = (soft_until, hard_until)
 
     def mark_ok(self, worker_id: str) -> None:
         self._avoided.pop(worker_id, None)
