@@ -65,7 +65,11 @@ class _Owner:
         pass
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
         print(f"decode: {request_id} released: {reason.value}", file=sys.stderr)
 

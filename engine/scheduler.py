@@ -114,6 +114,11 @@ class Scheduler:
             if request is None:
                 continue  # aborted meanwhile
             request.error = why
+            intact = output.intact.get(request_id, 0)
+            if intact:  # the KV that did arrive stays as cached prefix for a retry
+                self.block_manager.cache_blocks(
+                    request_id, request.update_block_hashes(self.block_size), intact
+                )
             self.finish_request(request_id, RequestStatus.FINISHED_ERROR)
             changed.append(request)
         for request_id, loaded in output.loaded.items():

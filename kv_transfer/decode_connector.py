@@ -7,12 +7,18 @@ prompt's KV has arrived (or why it never will).
     scheduler admits an import request
       update_state_after_alloc ─▶ receiver.reserve ─▶ ticket ─▶ the service (expect_ticket)
                                            on_transfer_complete ─▶ loaded (first token)
-                                           on_reservation_released ─▶ failed, or freeable
+                                           on_reservation_released ─▶ failed (with the
+                                             intact prefix it keeps cached), or freeable
     get_finished() ◀─────────────── wake() ┘
     request_finished (abort while waiting) ─▶ receiver.abort; blocks freed once released
 
 A released reservation refuses every write, and the receiver reports the release only once no
 write is in flight, so blocks are freed (or reused) only when nothing can touch them.
+
+A transfer that fails part way (the prefill worker died, stalled or gave up) leaves its
+leading blocks whole: the scheduler publishes them in the prefix cache as it fails the request,
+so the migrated retry, when it lands here again, reserves them as a local prefix hit and the
+new prefill worker sends only the rest (it still computes the whole prompt: it has no KV).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class DecodeConnector:
         self._done: set[str] = set()  # imported already (a recompute later is local)
         self._loaded: dict[str, KVLoaded] = {}
         self._failed: dict[str, str] = {}
+        self._intact: dict[str, int] = {}  # failed import -> prompt tokens whose KV arrived
         self._freeable: set[str] = set()
         self._tickets: dict[str, _TicketWaiter] = {}
 
@@ -128,9 +135,12 @@ class DecodeConnector:
     def get_finished(self) -> KVConnectorOutput:
         with self._lock:
             out = KVConnectorOutput(
-                loaded=self._loaded, failed=self._failed, freeable=frozenset(self._freeable)
+                loaded=self._loaded,
+                failed=self._failed,
+                freeable=frozenset(self._freeable),
+                intact=self._intact,
             )
-            self._loaded, self._failed, self._freeable = {}, {}, set()
+            self._loaded, self._failed, self._freeable, self._intact = {}, {}, set(), {}
         return out
 
     def has_pending_output(self) -> bool:
@@ -151,7 +161,11 @@ class DecodeConnector:
         self._wake()
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
         with self._lock:
             self._reserved.discard(request_id)
@@ -163,6 +177,8 @@ class DecodeConnector:
                     f"KV transfer for {request_id} ended before completion: {reason.value} "
                     f"({_WHY[reason]})"
                 )
+                if num_intact_blocks:
+                    self._intact[request_id] = num_intact_blocks * self.block_size
         self._wake()
 
     # ------------------------------------------------------------------ private
@@ -187,4 +203,3 @@ class DecodeConnector:
             loop.call_soon_threadsafe(settle)
         except RuntimeError:
             pass  # the service's loop is gone
-

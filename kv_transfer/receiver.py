@@ -58,10 +58,14 @@ class _MeteredOwner:
         self._owner.on_transfer_complete(result)
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
         self._metrics.record_failure(reason.value)
-        self._owner.on_reservation_released(request_id, block_ids, reason)
+        self._owner.on_reservation_released(request_id, block_ids, reason, num_intact_blocks)
 
 
 class ReceiverCore:

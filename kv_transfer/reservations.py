@@ -25,6 +25,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -64,9 +65,15 @@ class ReservationOwner(Protocol):
         """Admit the request: its blocks hold the prompt's KV and the first token is known."""
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
-        """Free ``block_ids``: no transfer will touch them again."""
+        """Free ``block_ids``: no transfer will touch them again. The first
+        ``num_intact_blocks`` of them hold their KV whole (written, or cached before): the
+        owner may keep them as cached prefix, so a retry sends only the rest."""
 
 
 class WriteStatus(enum.Enum):
@@ -102,8 +109,10 @@ class _Reservation:
     created: float
     peer: PeerId | None = None
     in_flight: int = 0
+    writing: Counter[int] = field(default_factory=Counter)  # index -> writes in flight
     stalled: bool = False  # its write's peer was reported for cutting (once)
     release_reason: ReleaseReason | None = None  # set: RELEASING
+    num_intact: int = 0  # set at release: leading blocks whose KV arrived whole
     final: tuple[int, float] | None = None  # (first token id, logprob) once the last message came
     num_received: int = 0
     num_bytes: int = 0
@@ -294,6 +303,7 @@ class ReservationTable:
             if len(set(block_indices)) != len(block_indices):
                 return WriteStatus.FOREIGN_BLOCK, "duplicate block index in one write"
             r.in_flight += 1
+            r.writing.update(block_indices)
             r.peer = peer
             r.deadline = self._clock() + r.lease_s
             return WriteGrant(
@@ -316,6 +326,14 @@ class ReservationTable:
         with self._lock:
             r = self._reservations[grant.request_id]
             r.in_flight -= 1
+            r.writing.subtract(grant.block_indices)
+            if not ok and r.release_reason is None:
+                for index in grant.block_indices:  # a torn rewrite of a block received before
+                    if index not in r.expected:
+                        r.expected.add(index)
+                        self._writable[r.block_ids[index]] = r.request_id
+                        r.num_received -= 1
+                        r.num_bytes -= grant.bytes_per_block
             if r.release_reason is not None:
                 if r.in_flight == 0:
                     done = self._finish_release(r)
@@ -380,6 +398,10 @@ class ReservationTable:
 
     def _start_release(self, r: _Reservation, reason: ReleaseReason) -> list[_Reservation]:
         r.release_reason = reason
+        # Blocks before the first one still expected or being written hold their KV whole
+        # (written, or cached), and nothing can write them any more.
+        writing = {i for i, n in r.writing.items() if n > 0}
+        r.num_intact = min(r.expected | writing, default=len(r.block_ids))
         for i in r.expected:
             del self._writable[r.block_ids[i]]
         r.expected = set()
@@ -394,4 +416,6 @@ class ReservationTable:
     def _notify(self, released: list[_Reservation]) -> None:
         for r in released:
             assert r.release_reason is not None
-            self._owner.on_reservation_released(r.request_id, r.block_ids, r.release_reason)
+            self._owner.on_reservation_released(
+                r.request_id, r.block_ids, r.release_reason, r.num_intact
+            )

@@ -33,8 +33,14 @@ from typing import Protocol
 from engine.kv_connector.params import KVTransferParams
 from engine.request import Request
 
-__all__ = ["KVConnector", "KVConnectorOutput", "KVLoaded", "KVSave", "KVTransferParams",
-           "NullConnector"]
+__all__ = [
+    "KVConnector",
+    "KVConnectorOutput",
+    "KVLoaded",
+    "KVSave",
+    "KVTransferParams",
+    "NullConnector",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class KVConnectorOutput:
     loaded: dict[str, KVLoaded] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # import failed: id -> why
     freeable: frozenset[str] = frozenset()  # finished, delay-freed: the blocks may go now
+    # failed imports: how many leading prompt tokens' KV arrived whole (cached as it fails)
+    intact: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

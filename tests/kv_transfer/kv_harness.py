@@ -64,7 +64,11 @@ class DecodeState:
         self._event(result.request_id).set()  # blocks stay owned until the test frees them
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
         self.outcomes[request_id] = (reason.value, 0, 0.0)
         self.free_request(request_id)

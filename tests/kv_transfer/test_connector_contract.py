@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
+from engine.kv_connector.base import KVSave
 from engine.kv_connector.params import KVTransferParams
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -110,9 +113,14 @@ async def _wait_free(pair: Pair, timeout_s: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def make_pair(
-    aio, folder: Path, transport: str, lease_s: float = 30.0, **decode_overrides: object
+    aio,
+    folder: Path,
+    transport: str,
+    lease_s: float = 30.0,
+    pconn: PrefillConnector | None = None,
+    **decode_overrides: object,
 ) -> Iterator[Pair]:
-    pconn = PrefillConnector()
+    pconn = pconn or PrefillConnector()
     dconn = DecodeConnector(16)
     pengine = engine_with(folder, pconn, max_num_batched_tokens=24)
     dengine = engine_with(folder, dconn, **decode_overrides)
@@ -235,6 +243,75 @@ def test_export_failure_fails_the_decode_request_cleanly(aio, llama, transport) 
             await _wait_free(pair)
 
         aio.run(run())
+
+
+class HeldPrefill(PrefillConnector):
+    """Holds the prefill engine's thread (as a hung engine would) once it has handed
+    ``after`` saves with blocks to the export, until ``go`` is set."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+        self.saves = 0
+        self.go = threading.Event()
+
+    def save_kv(self, saves: Sequence[KVSave]) -> None:
+        super().save_kv(saves)
+        if any(s.block_ids for s in saves):
+            self.saves += 1
+            if self.saves == self.after:
+                assert self.go.wait(30), "the test never let prefill go on"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_transfer_failed_part_way_leaves_its_whole_blocks_cached(aio, llama, transport) -> None:
+    """Prefill gives up after part of the prompt's KV arrived (issue 15: a retry resumes
+    from the last acknowledged block): the request fails, the blocks that arrived stay in
+    decode's prefix cache, and the retry transfers only the rest; its tokens equal HF's."""
+    held = HeldPrefill(after=3)  # 3 chunks of 24 tokens: 4 whole blocks of 16
+    with make_pair(aio, llama, transport, pconn=held) as pair:
+        p = random_prompts(1, 200, 300, 300, seed=24)[0]  # 18 whole blocks + 1 partial
+        received = lambda: pair.receiver.metrics.snapshot().blocks_transferred  # type: ignore[attr-defined]  # noqa: E731
+
+        async def run() -> None:
+            base = received()
+            ticket_f = pair.dconn.expect_ticket("f")
+            stream = pair.decode.generate(
+                "f", prompt_token_ids=p, sampling_params=greedy(5),
+                kv_transfer=KVTransferParams("import"),
+            )  # fmt: skip
+            first = asyncio.ensure_future(anext(stream))
+            transfer = await pair.sender.open(await ticket_f)
+            done = pair.pconn.start_job("f", transfer)
+            pstream = pair.prefill.generate(
+                "f", prompt_token_ids=p, sampling_params=greedy(5),
+                kv_transfer=KVTransferParams("export"),
+            )  # fmt: skip
+            drain = asyncio.ensure_future(pstream.__anext__())
+            deadline = time.monotonic() + 30
+            while received() - base < 4:
+                assert time.monotonic() < deadline, received() - base
+                await asyncio.sleep(0.01)
+            pair.pconn.cancel_job("f")  # prefill gives up part way
+            with pytest.raises(asyncio.CancelledError):
+                await done
+            out = await asyncio.wait_for(first, 10)
+            assert out.finished and "ended before completion: aborted" in (out.error or "")
+            held.go.set()
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
+            await pstream.aclose()
+            pair.dconn.forget("f")
+            await _wait_free(pair)
+            # The retry: decode holds the 4 blocks that arrived, 15 travel.
+            before = received()
+            again = await pair.generate("again", p, greedy(5))
+            assert again.token_ids == hf_greedy(llama, p, 5)
+            assert again.num_cached_tokens == 4 * 16
+            assert received() - before == 19 - 4
+            await _wait_free(pair)
+
+        aio.run(run(), timeout=120)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

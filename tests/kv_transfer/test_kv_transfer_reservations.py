@@ -26,14 +26,20 @@ class Owner:
     def __init__(self) -> None:
         self.completed: list[CompletedTransfer] = []
         self.released: list[tuple[str, tuple[int, ...], ReleaseReason]] = []
+        self.intact: dict[str, int] = {}  # request id -> num_intact_blocks of its release
 
     def on_transfer_complete(self, result: CompletedTransfer) -> None:
         self.completed.append(result)
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
         self.released.append((request_id, block_ids, reason))
+        self.intact[request_id] = num_intact_blocks
 
 
 @pytest.fixture
@@ -114,6 +120,40 @@ def test_release_waits_for_the_write_in_flight(table, owner):
     assert owner.released == [("r", (5, 6), ReleaseReason.ABORTED)]
     assert table.abort("r") is False  # idempotent
     assert len(table) == 0
+    table.check_integrity()
+
+
+def test_a_release_reports_the_leading_blocks_whose_kv_arrived_whole(table, owner, clock):
+    """The owner may keep them as cached prefix: the cached block and the written ones
+    before the first block still expected or being written (a write in flight at the
+    release may be torn, and so may everything after it)."""
+    cached = {0: BlockHash(b"h" * 16)}
+    token, _ = table.reserve("r", [4, 9, 2, 5, 7], cached, lease_s=1.0)
+    table.end_write(write(table, "r", token, [(1, 9)]), ok=True)
+    table.end_write(write(table, "r", token, [(3, 5)]), ok=True)  # after a gap: not intact
+    grant = write(table, "r", token, [(2, 2)])
+    clock.now += 1.5
+    table.expire()
+    table.end_write(grant, ok=True)  # landed after the release: not counted
+    assert owner.released == [("r", (4, 9, 2, 5, 7), ReleaseReason.EXPIRED)]
+    assert owner.intact["r"] == 2
+    # Every block written: all of them are intact, even with the final message missing.
+    token, _ = table.reserve("all", [1, 3])
+    table.end_write(write(table, "all", token, [(0, 1), (1, 3)]), ok=True)
+    table.peer_lost("p")
+    assert owner.intact["all"] == 2
+    table.check_integrity()
+
+
+def test_a_torn_rewrite_of_a_received_block_makes_it_expected_again(table, owner):
+    token, _ = table.reserve("r", [6, 8])
+    table.end_write(write(table, "r", token, [(0, 6)]), ok=True)
+    table.end_write(write(table, "r", token, [(0, 6)]), ok=False)  # a duplicate, torn
+    table.check_integrity()  # block 6 is writable again
+    table.end_write(write(table, "r", token, [(1, 8)], is_last=True), ok=True)
+    assert not owner.completed  # block 0 must arrive again
+    assert table.abort("r") is True
+    assert owner.intact["r"] == 0
     table.check_integrity()
 
 

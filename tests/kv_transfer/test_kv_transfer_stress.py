@@ -29,9 +29,9 @@ def test_random_aborts_and_expiries_leave_everything_released(transport, aio):
             endings[result.request_id] = endings.get(result.request_id, 0) + 1
             complete(result)
 
-        def on_released(request_id, block_ids, reason):  # type: ignore[no-untyped-def]
+        def on_released(request_id, block_ids, reason, num_intact):  # type: ignore[no-untyped-def]
             endings[request_id] = endings.get(request_id, 0) + 1
-            released(request_id, block_ids, reason)
+            released(request_id, block_ids, reason, num_intact)
 
         state.on_transfer_complete = on_complete  # type: ignore[method-assign]
         state.on_reservation_released = on_released  # type: ignore[method-assign]

@@ -50,7 +50,11 @@ class Owner:
         self.free |= set(result.block_ids)
 
     def on_reservation_released(
-        self, request_id: str, block_ids: tuple[int, ...], reason: ReleaseReason
+        self,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        reason: ReleaseReason,
+        num_intact_blocks: int,
     ) -> None:
         self.done[request_id] = reason.value
         self.free |= set(block_ids)

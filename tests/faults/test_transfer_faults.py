@@ -1,0 +1,227 @@
+"""Issue 12's faults in the middle of a KV transfer, on the router path (real processes on
+loopback: 2 prefill + 2 decode workers over TCP, and the router): the prefill worker killed
+(kill -9) or stopped (SIGSTOP) while it pushes a prompt's KV, the decode worker killed or
+stopped while it receives it, and the KV connections cut under it (``ss -K``). Every client
+gets its whole answer, equal to Hugging Face's greedy output token for token (the request
+migrates, issue 15), and afterwards every live pool is fully free: the blocks a half-done
+transfer wrote on decode, and the blocks the push read on prefill, all have a way back.
+
+"Mid-transfer" is checked, not hoped for: each fault first freezes the worker (SIGSTOP) as
+soon as decode has received part of the prompts' KV, checks that transfers are open and some
+blocks are still to come, and only then applies the fault itself. Prefill runs 16-token
+chunks so a prompt's transfer spans many steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
+from tests.faults.clients import Outcome, grpc_generate
+from tests.faults.cluster import Cluster, start_cluster
+from tests.hf_oracle import hf_greedy
+from tests.services.workers import WorkerProcess
+
+STALL_S = 6.0  # decode heartbeats every ~1 s; generous for a loaded 2-core machine
+LEASE_S = 3.0  # decode's lease on a reservation nobody writes to or renews
+NUM_REQUESTS = 4
+PROMPT_TOKENS = 800  # 50 blocks of 16, 50 prefill chunks of 16 tokens each
+MAX_TOKENS = 24
+BLOCK_SIZE = 16
+
+# What to do to the frozen worker, once the transfer is seen open.
+Fault = Callable[[Cluster, WorkerProcess], None]
+
+
+def _prompts(base: int) -> list[list[int]]:
+    """Prompts no worker has cached (``base`` differs per scenario)."""
+    return [
+        [3 + (base * 101 + r * 37 + i * 11) % 190 for i in range(PROMPT_TOKENS)]
+        for r in range(NUM_REQUESTS)
+    ]
+
+
+def _received_blocks(decode: list[WorkerProcess]) -> float:
+    """KV blocks these decode workers received so far."""
+    return sum(w.metrics().get("pdserve_kv_transfer_blocks_total", 0.0) for w in decode)
+
+
+def _open_transfers(workers: list[WorkerProcess]) -> int:
+    """Prefill: transfers still open; decode: reservations still waiting for their KV."""
+    return sum(w.load().num_reservations for w in workers)
+
+
+def _freeze_mid_transfer(cluster: Cluster, role: str, base_blocks: float) -> WorkerProcess:
+    """As soon as decode has received some of the prompts' KV, SIGSTOP a worker of ``role``
+    with a transfer open, and check that the transfer is still under way: the other side
+    still has transfers open, and (prefill frozen) not every block has arrived."""
+    total = NUM_REQUESTS * (PROMPT_TOKENS // BLOCK_SIZE)
+    workers = cluster.prefill if role == "prefill" else cluster.decode
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "no transfer was seen open"
+        if _received_blocks(cluster.decode) > base_blocks:
+            busy = [w for w in workers if _open_transfers([w]) > 0]
+            if busy:
+                victim = busy[0]
+                victim.pause()
+                break
+        time.sleep(0.01)
+    if role == "prefill":
+        received = _received_blocks(cluster.decode) - base_blocks
+        assert 0 < received < total, (received, total)
+        assert _open_transfers(cluster.decode) > 0, "decode holds no reservation waiting for KV"
+    else:
+        assert _open_transfers(cluster.prefill) > 0, "prefill has no transfer open"
+    return victim
+
+
+def _migrations(cluster: Cluster) -> dict[tuple[str, str], float]:
+    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+    return {
+        (s.labels["phase"], s.labels["reason"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "pdserve_migrations_total" and s.value
+    }
+
+
+def _prefill_migrations(cluster: Cluster) -> float:
+    return sum(n for (phase, _), n in _migrations(cluster).items() if phase == "prefill")
+
+
+def _run(cluster: Cluster, model: Path, base: int, role: str, fault: Fault) -> None:
+    """Send the prompts side by side, freeze a ``role`` worker mid-transfer, apply ``fault``
+    to it; every client gets HF's greedy tokens, and every live pool ends fully free."""
+    prompts = _prompts(base)
+    expected = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
+    base_blocks = _received_blocks(cluster.decode)
+    before = _prefill_migrations(cluster)
+
+    async def scenario() -> list[Outcome]:
+        async with grpc.aio.insecure_channel(cluster.router.grpc_address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            tasks = [asyncio.ensure_future(grpc_generate(stub, p, MAX_TOKENS)) for p in prompts]
+            victim = await asyncio.to_thread(_freeze_mid_transfer, cluster, role, base_blocks)
+            await asyncio.to_thread(fault, cluster, victim)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 180)
+
+    try:
+        outs = asyncio.run(scenario())
+    finally:
+        for w in cluster.workers:
+            if w.is_alive:
+                w.resume()
+    for i, out in enumerate(outs):
+        if out.error is not None or out.token_ids != expected[i]:
+            print(cluster.logs(), file=sys.stderr)  # the processes' side of the story
+        assert out.error is None and out.finish_reason == "length", (i, out)
+        assert out.token_ids == expected[i], i
+    cluster.wait_pools_free(timeout_s=30)
+    # The faulty attempts moved (before any token: the prefill phase of migration).
+    assert _prefill_migrations(cluster) > before, _migrations(cluster)
+
+
+def _kill(cluster: Cluster, w: WorkerProcess) -> None:
+    w.kill()
+
+
+def _stay_stopped(cluster: Cluster, w: WorkerProcess) -> None:
+    """Keep it stopped past decode's lease (prefill) or the router's stall timeout (decode),
+    then let it run again: whatever it held for the moved requests must come back."""
+    time.sleep(max(LEASE_S, STALL_S) + 4)
+    w.resume()
+
+
+def _cut_kv_connections(cluster: Cluster, w: WorkerProcess) -> None:
+    """Close every KV connection into every decode worker (both ends see it at once), then
+    let the frozen worker run again into the closed sockets."""
+    for d in cluster.decode:
+        port = d.load().kv_endpoint.rpartition(":")[2]
+        _ss_kill("dport", "=", f":{port}")
+    w.resume()
+
+
+def _ss_kill(*selector: str) -> None:
+    done = subprocess.run(
+        ["ss", "-K", "-t", "state", "established", *selector],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _can_close_sockets() -> str | None:
+    """Why ``ss -K`` cannot close a TCP connection here (needs CAP_NET_ADMIN and the kernel's
+    socket-destroy support), or None when it can."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        with client, accepted:
+            try:
+                _ss_kill("dport", "=", f":{port}")
+            except (AssertionError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+                return f"ss -K failed: {e}"
+            accepted.settimeout(2)
+            try:
+                accepted.recv(1)
+            except OSError:
+                return None
+            return "ss -K left the connection open"
+
+
+def _cluster(model: Path) -> AbstractContextManager[Cluster]:
+    return start_cluster(
+        model,
+        num_prefill=2,
+        num_decode=2,
+        # Every prompt prefills on a prefill worker.
+        router_args=[
+            *("--stall-timeout-s", str(STALL_S)),
+            *("--local-prefill-max-tokens", "0", "--local-prefill-hit-ratio", "2"),
+        ],
+        prefill_args=["--max-num-batched-tokens", str(BLOCK_SIZE)],
+        decode_args=["--kv-lease-s", str(LEASE_S)],
+        num_kv_blocks=1024,
+    )
+
+
+def test_prefill_stopped_or_killed_mid_transfer(llama: Path) -> None:
+    """Stopped: decode's lease on the half-written reservations expires unrenewed, the
+    requests prefill again on the other prefill worker; killed: the same at once."""
+    with _cluster(llama) as cluster:
+        _run(cluster, llama, base=1, role="prefill", fault=_stay_stopped)
+        _run(cluster, llama, base=2, role="prefill", fault=_kill)
+
+
+def test_decode_stopped_or_killed_mid_transfer(llama: Path) -> None:
+    """Stopped: the router sees decode stall and moves the requests to the other decode
+    worker; prefill's pushes into the stopped one end by their deadline or when it runs
+    again. Killed: prefill's pushes fail at once."""
+    with _cluster(llama) as cluster:
+        _run(cluster, llama, base=3, role="decode", fault=_stay_stopped)
+        _run(cluster, llama, base=4, role="decode", fault=_kill)
+
+
+def test_kv_connections_closed_mid_transfer(llama: Path) -> None:
+    why = _can_close_sockets()
+    if why is not None:
+        pytest.skip(f"cannot close another process's TCP connection here: {why}")
+    with _cluster(llama) as cluster:
+        _run(cluster, llama, base=5, role="prefill", fault=_cut_kv_connections)
