@@ -78,6 +78,12 @@ def _is_complete(build_dir: Path, name: str) -> bool:
     return (build_dir / "complete").is_file() and (build_dir / f"{name}.so").is_file()
 
 
+def is_built(key: str) -> bool:
+    """The library for ``key`` is in the cache or a prebuilt folder (``load`` will not build)."""
+    name = library_name(key)
+    return any(_is_complete(d, name) for d in [cache_root() / key, *prebuilt_dirs(key)])
+
+
 def build_key(isa: str) -> str:
     """Digest of everything the built library depends on."""
     h = hashlib.sha256()

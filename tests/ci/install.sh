@@ -36,4 +36,4 @@ fi
 # The compiled CPU kernels, built once into the user's cache (~/.cache/pdserve/kernels, keyed by
 # sources, flags, ISA and torch version), so the suite's parallel workers and servers load them
 # instead of racing to compile. A no-op when they are already there.
-python3 -m kernels.cpu
+python3 -m kernels.cpu --quiet
