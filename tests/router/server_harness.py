@@ -8,9 +8,11 @@ with API keys and TLS on."""
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -61,14 +63,14 @@ class Server:
         """KV pools behind the router: 1 colocated; decode + prefill when disaggregated."""
         return 1 if self.colocated else 2
 
-    @property
-    def secured(self) -> bool:
-        """API keys and TLS on."""
-        return self.access.api_key is not None and self.access.ca_file is not None
-
     # ------------------------------------------------------------------- clients
+    @functools.cached_property
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """One client context for every HTTPS client (None: plain HTTP)."""
+        return self.access.ssl_context()
+
     def _httpx_kwargs(self, kw: dict[str, Any]) -> dict[str, Any]:
-        ctx = self.access.ssl_context()
+        ctx = self._ssl_context
         out: dict[str, Any] = {"base_url": self.http_url, "timeout": 60.0}
         if ctx is not None:
             out["verify"] = ctx
@@ -95,7 +97,7 @@ class Server:
 
     def openai(self, timeout: float = 60.0) -> openai.OpenAI:
         """The official openai client, with this server's key and TLS; no retries."""
-        ctx = self.access.ssl_context()
+        ctx = self._ssl_context
         return openai.OpenAI(
             base_url=f"{self.http_url}/v1",
             api_key=self.access.api_key or "unused",
@@ -122,7 +124,7 @@ class Server:
         url = urlsplit(self.http_url)
         assert url.hostname is not None and url.port is not None
         sock = socket.create_connection((url.hostname, url.port), timeout=timeout_s)
-        ctx = self.access.ssl_context()
+        ctx = self._ssl_context
         if ctx is None:
             return sock
         return ctx.wrap_socket(sock, server_hostname=url.hostname)
