@@ -79,6 +79,7 @@ class ClusterView:
         self._loads: dict[str, LoadReport] = {}
         self._sends: dict[str, dict[str, _Send]] = {}  # worker -> request id -> send
         self._failed_until: dict[str, float] = {}  # local clock
+        self._stalled_until: dict[str, float] = {}  # local clock; strict avoidance
 
     # ------------------------------------------------------------------ clock
     def sync_clock(self, registry_now: float) -> None:
@@ -142,6 +143,7 @@ class ClusterView:
             logger.info("worker left: %s %s", info.role, worker_id)
         self._loads.pop(worker_id, None)
         self._failed_until.pop(worker_id, None)
+        self._stalled_until.pop(worker_id, None)
         self.kv_index.remove_worker(worker_id)
 
     def member(self, worker_id: str) -> WorkerInfo | None:
@@ -151,26 +153,33 @@ class ClusterView:
         return [m for m in self._members.values() if role is None or m.role == role]
 
     def routable(self, role: WorkerRole) -> list[WorkerInfo]:
-        """Serving members of ``role`` whose lease is live (unless Redis is out) and that
-        have not failed a call in the last few seconds."""
+        """Serving members of ``role`` whose lease is live (unless Redis is out) and that did
+        not stall in the last few seconds, less those that failed a call lately
+        (``mark_failed``) while another can serve: avoiding every member would fail requests
+        a worker may well serve (one failed call is often the request's, not the worker's).
+        A stalled worker answers nothing: it is avoided even as the last one."""
         now_local, now_reg = self._clock(), self.registry_time()
-        out = []
-        for m in self.members(role):
-            if m.state is not WorkerState.SERVING:
-                continue
-            if not self.in_outage and m.lease_deadline and m.lease_deadline <= now_reg:
-                continue
-            if self._failed_until.get(m.worker_id, 0.0) > now_local:
-                continue
-            out.append(m)
-        return out
+        live = [
+            m
+            for m in self.members(role)
+            if m.state is WorkerState.SERVING
+            and (self.in_outage or not m.lease_deadline or m.lease_deadline > now_reg)
+            and self._stalled_until.get(m.worker_id, 0.0) <= now_local
+        ]
+        fine = [m for m in live if self._failed_until.get(m.worker_id, 0.0) <= now_local]
+        return fine or live
 
-    def mark_failed(self, worker_id: str, for_s: float = 2.0) -> None:
-        """A call to the worker failed (unreachable): skip it for ``for_s``."""
-        self._failed_until[worker_id] = self._clock() + for_s
+    def mark_failed(self, worker_id: str, for_s: float = 2.0, stalled: bool = False) -> None:
+        """A call to the worker failed: skip it for ``for_s`` while another worker can serve;
+        ``stalled`` (it answered nothing, not even heartbeats): skip it even as the last."""
+        until = self._clock() + for_s
+        self._failed_until[worker_id] = until
+        if stalled:
+            self._stalled_until[worker_id] = until
 
     def mark_ok(self, worker_id: str) -> None:
         self._failed_until.pop(worker_id, None)
+        self._stalled_until.pop(worker_id, None)
 
     # ------------------------------------------------------------------ load
     def update_load(self, report: LoadReport) -> None:

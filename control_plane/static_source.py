@@ -108,8 +108,14 @@ class StaticClusterSource:
             t.reachable = False
             if t.info is not None:
                 # Out of routing until it answers again (a stopped worker's polls hang for
-                # the call timeout, longer than any fixed window).
-                self.view.mark_failed(t.info.worker_id, for_s=float("inf"))
+                # the call timeout, longer than any fixed window): even as the last one when
+                # it cannot be reached at all (gone); while another can serve when a poll
+                # only timed out (a loaded host is no proof the worker is gone).
+                gone = (
+                    isinstance(e, grpc.aio.AioRpcError)
+                    and e.code() == grpc.StatusCode.UNAVAILABLE
+                )
+                self.view.mark_failed(t.info.worker_id, for_s=float("inf"), stalled=gone)
 
     async def _learn(self, t: _Target) -> None:
         info = await t.client.info()

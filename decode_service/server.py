@@ -52,6 +52,7 @@ async def serve(
     heartbeat_s: float = HEARTBEAT_S,
     control: argparse.Namespace | None = None,
     security: WorkerSecurity = NO_SECURITY,
+    drain_migrate_after_s: float | None = None,
 ) -> None:
     """``metrics_port``: serve Prometheus ``/metrics`` there (0 = any free port, printed;
     None = off). ``model_name``: the ``model`` label (default: the model folder's name).
@@ -60,7 +61,9 @@ async def serve(
     must be well above it). ``control``: the control-plane flags (pdserve.worker_control_args;
     default: no Redis). On SIGINT/SIGTERM it drains: unregistered and NOT_SERVING at once,
     new requests refused, those in flight get ``shutdown_grace_s``, then end with
-    UNAVAILABLE. ``security``: mutual TLS on the gRPC port and the KV listener."""
+    UNAVAILABLE; ``drain_migrate_after_s``: end them this soon (at most the grace) with a
+    message the router answers by migrating them to another decode worker.
+    ``security``: mutual TLS on the gRPC port and the KV listener."""
     control = control or control_defaults(host)
     connector = DecodeConnector(config.block_size)
     engine = LLMEngine(config, kv_connector=connector)
@@ -112,7 +115,7 @@ async def serve(
         print(f"decode worker: metrics {metrics.url}", flush=True)
     await wait_for_stop_signal()
     await plane.drain()  # unregister first: routers stop sending, then finish in-flight work
-    await drain(servicer.drain, health, SERVICE_NAME, shutdown_grace_s)
+    await drain(servicer.drain, health, SERVICE_NAME, shutdown_grace_s, drain_migrate_after_s)
     reload_task.cancel()
     # Drained: nothing is left to finish. The metrics thread stops at its next poll (0.5 s).
     closing = asyncio.ensure_future(asyncio.to_thread(metrics.close)) if metrics else None
@@ -144,7 +147,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a stream with nothing to send sends a heartbeat this often (keep the router's "
         "--stall-timeout-s well above it)",
     )
+    p.add_argument(
+        "--drain-migrate-after-s",
+        type=float,
+        default=None,
+        help="on SIGTERM, hand the requests still in flight this long after it to the router, "
+        "which migrates them to another decode worker (default: --shutdown-grace-s; they are "
+        "handed over at the grace either way)",
+    )
     a = p.parse_args(argv)
+    if a.drain_migrate_after_s is not None and a.drain_migrate_after_s < 0:
+        p.error(f"--drain-migrate-after-s must be >= 0, got {a.drain_migrate_after_s}")
     for flag in ("kv_lease_s", "heartbeat_s"):
         if getattr(a, flag) <= 0:
             p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
@@ -170,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.heartbeat_s,
             a,
             security,
+            a.drain_migrate_after_s,
         )
     )
     exit_now(0)

@@ -7,10 +7,12 @@
                 token sampled on prefill ─▶ token deltas
 
 Short prompts may be prefilled here (``local_prefill_max_tokens``): first message
-``local_prefill``. While a stream has nothing to send (queued for blocks, waiting for its KV,
-preempted) it sends a heartbeat every ``heartbeat_s``, so the router tells a long queue from a
-stalled worker. Cancelling the stream aborts the request wherever it is; blocks are freed once
-no write can touch them (kv_transfer.decode_connector). A request id is served by one stream
+``local_prefill``. A migrated request (``resume`` set) continues from the earlier outputs at
+the end of its prompt ids (engine.resume). While a stream has nothing to send (queued for
+blocks, waiting for its KV, preempted) it sends a heartbeat every ``heartbeat_s``, so the
+router tells a long queue from a stalled worker. Cancelling the stream aborts the request
+wherever it is; blocks are freed once no write can touch them (kv_transfer.decode_connector).
+A request id is served by one stream
 at a time (a second gets INVALID_ARGUMENT), and a draining worker refuses new requests with
 UNAVAILABLE (pdserve.worker_process.Drain).
 """
@@ -28,10 +30,11 @@ from engine.async_engine import AsyncEngine, EngineShutdownError
 from engine.kv_connector.params import KVTransferParams
 from engine.metrics import LATENCY_BUCKETS_S, Histogram
 from engine.outputs import RequestOutput
+from engine.resume import ResumeState
 from engine.sampling_params import SamplingParams
 from kv_transfer.decode_connector import DecodeConnector
 from kv_transfer.transport import KVReceiver
-from pdserve.wire import delta_to_proto, sampling_params_from_proto
+from pdserve.wire import delta_to_proto, resume_from_proto, sampling_params_from_proto
 from pdserve.worker_process import Drain, integrity_error
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
@@ -63,6 +66,7 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
         rid = request.request_id
         try:
             params = sampling_params_from_proto(request.sampling_params)
+            resume = resume_from_proto(request.HasField("resume"), request.resume)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         async with self.drain.serving(rid, context):
@@ -70,7 +74,7 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
                 context.write, _HEARTBEAT, self._heartbeat_s, lambda: self._engine.is_running
             ) as out:
                 try:
-                    await self._generate(rid, request, params, context, out)
+                    await self._generate(rid, request, params, resume, context, out)
                 except EngineShutdownError as e:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, f"decode worker: {e}")
 
@@ -79,6 +83,7 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
         rid: str,
         request: wpb.WorkerGenerateRequest,
         params: SamplingParams,
+        resume: ResumeState | None,
         context: grpc.aio.ServicerContext,
         out: HeartbeatWriter,
     ) -> None:
@@ -92,6 +97,7 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
             sampling_params=params,
             priority=request.priority,
             kv_transfer=None if local else KVTransferParams("import"),
+            resume=resume,
         )
         first = asyncio.ensure_future(anext(stream))  # submits the request to the engine
         ticketed = 0.0

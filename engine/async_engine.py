@@ -28,6 +28,7 @@ from engine.kv_connector.params import KVTransferParams
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.outputs import RequestOutput
+from engine.resume import ResumeState
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class AsyncEngine:
         prompt_token_ids: Sequence[int] | None = None,
         priority: int = 0,
         kv_transfer: KVTransferParams | None = None,
+        resume: ResumeState | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Queue a request and yield its per-step outputs; the last one has ``finished``.
 
@@ -134,6 +136,7 @@ class AsyncEngine:
         request is aborted and its blocks freed; wrap partial consumption in
         ``contextlib.aclosing`` so that happens promptly. ``kv_transfer``: the prompt's KV
         leaves or enters through the engine's KV connector (prefill and decode workers).
+        ``resume``: the prompt ids end with an earlier run's outputs (engine.resume).
         """
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
@@ -144,6 +147,7 @@ class AsyncEngine:
             prompt_token_ids=prompt_token_ids,
             priority=priority,
             kv_transfer=kv_transfer,
+            resume=resume,
         )
         self._submit(_Add(request_id, kwargs, stream, accepted))
         try:

@@ -63,6 +63,24 @@ class IncrementalDetokenizer:
             if self._stop:
                 self._check_stop(start)
 
+    def replay(self, token_ids: Sequence[int], emitted_text: str) -> None:
+        """Catch up with an earlier run of the request (migration): decode ``token_ids``
+        one at a time, as that run did, and mark ``emitted_text`` (what it handed out) as
+        handed out; the rest of the text is held back as it was there. Raises ValueError
+        when the text does not start with ``emitted_text``."""
+        for t in token_ids:
+            self.update([t])
+        if self.stop_string is not None:
+            raise ValueError(
+                f"resume: the earlier outputs already hold the stop string {self.stop_string!r}"
+            )
+        if not self.text.startswith(emitted_text):
+            raise ValueError(
+                "resume: emitted_text is not the text of the earlier outputs "
+                f"({len(emitted_text)} characters given, {len(self.text)} decoded)"
+            )
+        self._emitted = len(emitted_text)
+
     def take_new_text(self, finished: bool) -> str:
         """Text not handed out yet, minus the hold-back for stop strings unless ``finished``."""
         end = len(self.text) if finished or self.stop_string else len(self.text) - self._hold

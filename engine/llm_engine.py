@@ -32,6 +32,7 @@ from engine.outputs import RequestOutput, SampledToken
 from engine.prompt_validation import resolve_prompt_ids
 from engine.request import Request, RequestStatus
 from engine.request_snapshot import RequestSnapshot
+from engine.resume import ResumeState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_config import SchedulerConfig
@@ -146,12 +147,14 @@ class LLMEngine:
         priority: int = 0,
         arrival_time: float | None = None,
         kv_transfer: KVTransferParams | None = None,
+        resume: ResumeState | None = None,
     ) -> Request:
         """Validate and queue a request. Raises ValueError naming the problem; the engine's
         state is unchanged on error. ``kv_transfer``: the prompt's KV is exported through, or
-        imported from, the engine's KV connector."""
+        imported from, the engine's KV connector. ``resume``: the prompt ids end with an
+        earlier run's outputs (a migrated request, engine.resume)."""
         request, tracked = self._build_request(
-            request_id, prompt, sampling_params, prompt_token_ids, priority, arrival_time
+            request_id, prompt, sampling_params, prompt_token_ids, priority, arrival_time, resume
         )
         request.kv_transfer = kv_transfer
         self.scheduler.add_request(request)
@@ -166,6 +169,7 @@ class LLMEngine:
         prompt_token_ids: Sequence[int] | None,
         priority: int,
         arrival_time: float | None,
+        resume: ResumeState | None = None,
     ) -> tuple[Request, TrackedRequest]:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -192,15 +196,20 @@ class LLMEngine:
             priority=priority,
             max_total_tokens=min(self.max_model_len, capacity),
         )
+        if resume is not None:
+            resume.validate(len(ids), params.max_tokens)
+            request.num_resumed_tokens = resume.num_generated_tokens
         detok = None
         if self.tokenizer is not None:
             detok = IncrementalDetokenizer(
                 self.tokenizer,
-                ids,
+                request.original_prompt_token_ids,
                 params.skip_special_tokens,
                 params.stop,
                 params.include_stop_str_in_output,
             )
+            if resume is not None:
+                detok.replay(request.generated_token_ids, resume.emitted_text)
         elif params.stop:
             raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init is set)")
         tracked = TrackedRequest(
@@ -231,13 +240,13 @@ class LLMEngine:
             return None
         r = tracked.request
         params = r.sampling_params
-        num_out = r.num_output_tokens
+        num_out = r.num_generated_tokens
         detok = tracked.detok
         return RequestSnapshot(
             request_id=request_id,
             status=r.status.value,
-            prompt_token_ids=tuple(r.prompt_token_ids),
-            output_token_ids=tuple(r.output_token_ids),
+            prompt_token_ids=tuple(r.original_prompt_token_ids),
+            output_token_ids=tuple(r.generated_token_ids),
             sampling_params=params,
             priority=r.priority,
             num_computed_tokens=r.num_computed_tokens,

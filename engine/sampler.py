@@ -1,6 +1,7 @@
 """Batched token sampling: penalties, logit bias, grammar masks (structured outputs), greedy,
-temperature, top-k, top-p, per-request seeds, min_tokens, and top-n logprobs — tensor ops over
-the batch, a Python loop only over seeded rows' noise.
+temperature, top-k, top-p, per-request seeds (output token i's noise comes from (seed, i)),
+min_tokens, and top-n logprobs — tensor ops over the batch, a Python loop only over seeded
+rows' noise.
 
     raw logits ─▶ penalties ─▶ logit_bias ─▶ min_tokens ban ─▶ grammar mask ─▶ greedy | sample
         └────────────────────────── logprobs (of the raw logits) ───────────────────────────┘
@@ -38,14 +39,10 @@ class Sampler:
         self, eos_token_ids: Sequence[int] = (), grammars: GrammarMasks | None = None
     ) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
-        self._generators: dict[str, torch.Generator] = {}
         self.grammars = grammars
 
     def forget(self, request_ids: Sequence[str]) -> None:
-        """Drop per-request state (seeded generators, grammar matchers) of requests that
-        left the engine."""
-        for rid in request_ids:
-            self._generators.pop(rid, None)
+        """Drop per-request state (grammar matchers) of requests that left the engine."""
         if self.grammars is not None:
             self.grammars.forget(request_ids)
 
@@ -109,10 +106,10 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_()
         for i, r in enumerate(rows):
             if r.params.seed is not None and not r.params.is_greedy:
-                gen = self._generators.get(r.request_id)
-                if gen is None:
-                    gen = torch.Generator(device=device).manual_seed(r.params.seed)
-                    self._generators[r.request_id] = gen
+                # Token i's noise depends on (seed, i) alone: the same wherever and whenever
+                # it is drawn (a prefill worker's first token, a migrated request's next one).
+                gen = torch.Generator(device=device)
+                gen.manual_seed(token_seed(r.params.seed, r.num_output_tokens))
                 noise[i].exponential_(generator=gen)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
@@ -138,6 +135,18 @@ class Sampler:
             top = tuple(zip(top_ids_l[j][:n], top_vals_l[j][:n], strict=True))
             out[i] = SampledToken(ids[i], chosen[j], top)
         return out
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def token_seed(seed: int, index: int) -> int:
+    """The generator seed of a seeded request's ``index``-th output token: splitmix64 of
+    (seed, index), so neighbouring seeds and indices give unrelated streams."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

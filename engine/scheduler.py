@@ -297,7 +297,7 @@ class Scheduler:
         if request.is_export:
             return RequestStatus.FINISHED_LENGTH  # an export samples the first token only
         params = request.sampling_params
-        num_out = request.num_output_tokens
+        num_out = request.num_generated_tokens
         if num_out >= params.min_tokens:
             if not params.ignore_eos and token == request.eos_token_id:
                 return RequestStatus.FINISHED_STOPPED
@@ -431,11 +431,11 @@ class Scheduler:
             block_table=tuple(self.block_manager.block_table(request_id)),
             sample=end == request.num_tokens,
             sampling_params=params,
-            num_output_tokens=request.num_output_tokens,
+            num_output_tokens=request.num_generated_tokens,
             output_token_ids=(
-                tuple(request.output_token_ids) if params.needs_output_history else ()
+                tuple(request.generated_token_ids) if params.needs_output_history else ()
             ),
             prompt_token_ids=(
-                tuple(request.prompt_token_ids) if params.needs_prompt_history else ()
+                tuple(request.original_prompt_token_ids) if params.needs_prompt_history else ()
             ),
         )

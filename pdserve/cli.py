@@ -186,6 +186,13 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         "(every --heartbeat-s, 1 s by default) for this long",
     )
     api.add_argument(
+        "--migration-limit",
+        type=int,
+        default=3,
+        help="a request whose worker dies, stalls or drains moves to another worker, with no "
+        "token lost or repeated, at most this many times (0 = fail it instead)",
+    )
+    api.add_argument(
         "--local-prefill-max-tokens",
         type=int,
         default=0,

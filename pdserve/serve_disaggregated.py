@@ -88,6 +88,7 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
         max_model_len=a.max_model_len,
         local_prefill_max_tokens=a.local_prefill_max_tokens,
         stall_timeout_s=a.stall_timeout_s,
+        migration_limit=a.migration_limit,
         routing_policy=a.routing_policy,
         cluster=cluster,
         worker_tls=tls,

@@ -7,9 +7,11 @@ every process maps the same fields the same way.
 from __future__ import annotations
 
 from engine.outputs import RequestOutput, SampledToken
+from engine.resume import ResumeState
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import KINDS, StructuredOutput
 from protos.pdserve.v1 import generate_pb2 as gpb
+from protos.pdserve.v1 import worker_pb2 as wpb
 
 
 def sampling_params_from_proto(m: gpb.SamplingParams) -> SamplingParams:
@@ -78,6 +80,13 @@ def sampling_params_to_proto(p: SamplingParams) -> gpb.SamplingParams:
     return m
 
 
+def resume_from_proto(has_resume: bool, m: wpb.Resume) -> ResumeState | None:
+    """A worker request's resume state (None: a request from its start)."""
+    if not has_resume:
+        return None
+    return ResumeState(m.num_generated_tokens, m.emitted_text)
+
+
 def delta_to_proto(out: RequestOutput) -> gpb.GenerateResponse:
     """One step's delta of ``out`` (usage and finish fields on the final one)."""
     m = gpb.GenerateResponse(
@@ -142,6 +151,8 @@ class OutputAccumulator:
             stop_reason = m.stop_str
         elif kind == "stop_token_id":
             stop_reason = m.stop_token_id
+        # A migrated request's last worker cached part of the earlier outputs too.
+        cached = min(m.usage.cached_tokens, len(self.prompt_token_ids)) if m.finished else 0
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt_token_ids,
@@ -154,6 +165,6 @@ class OutputAccumulator:
             stop_reason=stop_reason,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             new_logprobs=new_lp,
-            num_cached_tokens=m.usage.cached_tokens if m.finished else 0,
+            num_cached_tokens=cached,
             prompt=self.prompt,
         )

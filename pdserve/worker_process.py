@@ -96,12 +96,18 @@ class Drain:
         self.who = who
         self.is_draining = False
         self.is_stopping = False
+        self.handover = False  # stop_all hands the requests over to migration (decode)
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
     @property
     def message(self) -> str:
+        if self.handover:
+            return (
+                f"the {self.who} is shutting down (draining): it hands the request over to "
+                "another worker (--drain-migrate-after-s)"
+            )
         return f"the {self.who} is shutting down: the request did not finish within its grace"
 
     @property
@@ -163,14 +169,26 @@ class Drain:
 
 
 async def drain(
-    drain: Drain, health_servicer: health.aio.HealthServicer, service_name: str, grace_s: float
+    drain: Drain,
+    health_servicer: health.aio.HealthServicer,
+    service_name: str,
+    grace_s: float,
+    migrate_after_s: float | None = None,
 ) -> None:
     """Drain a worker: ``service_name`` NOT_SERVING now, ``grace_s`` for what is in flight,
-    then stop it."""
+    then stop it. ``migrate_after_s`` (decode): stop what is left this soon instead (at most
+    ``grace_s``), with a message telling the router to migrate it to another worker."""
+    wait_s = grace_s
+    if migrate_after_s is not None:
+        wait_s = min(grace_s, migrate_after_s)
+        drain.handover = True
     await drain.begin(health_servicer, service_name)
-    if not await drain.wait_idle(grace_s):
+    if not await drain.wait_idle(wait_s):
         logging.getLogger(__name__).warning(
-            "%d requests still in flight after %.1fs: stopping them", drain.num_in_flight, grace_s
+            "%d requests still in flight after %.1fs: %s",
+            drain.num_in_flight,
+            wait_s,
+            "handing them over to migration" if drain.handover else "stopping them",
         )
         drain.stop_all()
         await drain.wait_idle(1.0)

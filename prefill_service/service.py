@@ -28,7 +28,7 @@ from engine.outputs import RequestOutput
 from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError, PeerNotAllowedError
 from kv_transfer.prefill_connector import EngineStalledError, PrefillConnector
-from pdserve.wire import sampling_params_from_proto
+from pdserve.wire import resume_from_proto, sampling_params_from_proto
 from pdserve.worker_process import Drain, integrity_error
 from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
@@ -72,6 +72,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
         ids = list(request.prompt_token_ids)
         try:
             params = sampling_params_from_proto(request.sampling_params)
+            resume = resume_from_proto(request.HasField("resume"), request.resume)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         ticket = ReservationTicket.from_proto(request.reservation)
@@ -90,6 +91,7 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             sampling_params=params,
             priority=request.priority,
             kv_transfer=KVTransferParams("export"),
+            resume=resume,
         )
         final_task = asyncio.ensure_future(_last_output(stream))
         self._queued_tokens += len(ids)

@@ -207,7 +207,7 @@ class ClusterRouter:
     def mark_stalled(self, target: Target) -> None:
         """A request saw ``target`` stall: route nothing new there for a while (it rejoins
         when it answers the control plane again)."""
-        self.view.mark_failed(target.worker_id, for_s=5.0)
+        self.view.mark_failed(target.worker_id, for_s=5.0, stalled=True)
 
     # ------------------------------------------------------------------ health and load
     def num_routable(self, role: WorkerRole) -> int:

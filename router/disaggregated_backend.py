@@ -15,21 +15,25 @@ Per request:
     4. stream decode's token deltas back.
 
 Every wait has a deadline or a heartbeat behind it: a decode stream that sends neither a
-token nor a heartbeat for ``stall_timeout_s`` fails the request (UNAVAILABLE, "stalled");
-the Prefill call has no deadline of its own because the decode stream watches it (a prefill
-worker that stops renewing loses the reservation within decode's lease, and decode's stream
-then fails). Any failure is a ``RequestError``; leaving the generator cancels both calls, and
-the workers free their blocks (see decode_service.service).
+token nor a heartbeat for ``stall_timeout_s`` has stalled; the Prefill call has no deadline of
+its own because the decode stream watches it (a prefill worker that stops renewing loses the
+reservation within decode's lease, and decode's stream then fails).
+
+A worker that fails a request it accepted (dies, stalls, drains, loses its KV) raises
+``WorkerFailure``: the request migrates (router.migration) — routed again with the tokens
+already streamed appended to the prompt, and the new workers resume it from there
+(engine.resume), up to ``--migration-limit`` times. Any other failure is a
+``RequestError``; leaving the generator cancels both calls, and the workers free their blocks
+(see decode_service.service).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
-
-import grpc
 
 from engine.model_card import load_model_card
 from engine.outputs import RequestOutput
@@ -37,12 +41,18 @@ from pdserve.tls import ClientTls
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
 from protos.pdserve.v1 import worker_pb2 as wpb
 from router.backend import GenerateRequest, Load, ModelInfo, served_names
-from router.cluster_router import ClusterRouter, Route, Target
+from router.cluster_router import ClusterRouter, Route
 from router.errors import ErrorKind, RequestError
+from router.migration import DEFAULT_MIGRATION_LIMIT, Migrations, MigrationStats, WorkerFailure
 from router.routing import make_policy
 from router.tokenizer_ops import TokenizerOps
+from router.worker_calls import WorkerCalls
+from router.worker_errors import Refused
 
 DEFAULT_STALL_TIMEOUT_S = 10.0
+_AVOID_FAILED_S = 5.0  # a worker that lost a request gets no new one for this long
+
+logger = logging.getLogger(__name__)
 
 
 class DisaggregatedBackend:
@@ -62,6 +72,7 @@ class DisaggregatedBackend:
         routing_policy: str = "kv_aware",
         cluster: ClusterRouter | None = None,
         worker_tls: ClientTls | None = None,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
     ) -> None:
         """Workers come from ``cluster`` (e.g. ``ClusterRouter.redis``) or, without it, from
         the static ``decode_targets`` and ``prefill_targets``. ``stall_timeout_s``: a decode
@@ -70,9 +81,13 @@ class DisaggregatedBackend:
         else to send, so keep it well above that. ``local_prefill_max_tokens``: prompts up to
         this long may be prefilled on decode (-1: all; 0: only when decode caches most of
         the prompt, as the kv_aware policy judges). ``worker_tls``: dial static workers over
-        mutual TLS (pdserve.tls; a given ``cluster`` brings its own)."""
+        mutual TLS (pdserve.tls; a given ``cluster`` brings its own). ``migration_limit``: how
+        many times one request may move to other workers after the ones serving it failed
+        (router.migration; 0: fail it instead)."""
         if stall_timeout_s <= 0:
             raise ValueError(f"--stall-timeout-s must be positive, got {stall_timeout_s}")
+        if migration_limit < 0:
+            raise ValueError(f"--migration-limit must be >= 0, got {migration_limit}")
         if cluster is None:
             if not decode_targets or not prefill_targets:
                 raise ValueError("need at least one decode and one prefill worker")
@@ -106,7 +121,10 @@ class DisaggregatedBackend:
         )
         self.cluster = cluster
         self._stall_timeout_s = stall_timeout_s
+        self._migration_limit = migration_limit
+        self.migration_stats = MigrationStats()
         self._aborted: set[str] = set()
+        self._workers = WorkerCalls(cluster, stall_timeout_s, self._aborted)
         self._calls: dict[str, list[Any]] = {}
 
     async def start(self) -> None:
@@ -139,17 +157,70 @@ class DisaggregatedBackend:
             else self._tokenize_prompt(request.prompt)
         )
         rid = request.request_id
+        acc = OutputAccumulator(rid, ids, request.prompt)
+        migrations = Migrations(self._migration_limit, self.migration_stats)
+        failure: WorkerFailure | None = None
         try:
-            route = await self.cluster.route(rid, ids)
-            route, call, first = await self._open_decode(route, request, ids)
-        except BaseException:
+            while True:
+                streamed = len(acc.token_ids)
+                attempt = self._attempt(request, ids, acc, migrations, failure)
+                try:
+                    async with contextlib.aclosing(attempt):  # its calls end with this one
+                        async for out in attempt:
+                            yield out
+                            if out.finished:
+                                return
+                except WorkerFailure as e:
+                    if rid in self._aborted:
+                        raise RequestError(
+                            ErrorKind.UNAVAILABLE, "the request was aborted"
+                        ) from None
+                    if e.worker_id and e.reason != "worker_error":
+                        # Soft: skipped while another worker can serve (a decode stall the
+                        # router saw itself is marked strictly by WorkerCalls.read).
+                        self.cluster.view.mark_failed(e.worker_id, for_s=_AVOID_FAILED_S)
+                    phase = "decode" if len(acc.token_ids) > streamed else "prefill"
+                    migrations.begin(e, phase)  # raises once the limit is reached
+                    logger.warning(
+                        "request %s: %s; migrating it (%s, %d tokens streamed, attempt %d of %d)",
+                        rid, e.message, phase, len(acc.token_ids), migrations.count,
+                        migrations.limit,
+                    )  # fmt: skip
+                    failure = e
+        finally:
             self._calls.pop(rid, None)
             self._aborted.discard(rid)
+
+    async def _attempt(
+        self,
+        request: GenerateRequest,
+        ids: list[int],
+        acc: OutputAccumulator,
+        migrations: Migrations,
+        failure: WorkerFailure | None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """One try at the request on one (decode, prefill) pair: from the start, or, after a
+        ``failure``, from the tokens ``acc`` already streamed (the workers resume it)."""
+        rid = request.request_id
+        if rid in self._aborted:  # aborted between two attempts
+            raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
+        done = list(acc.token_ids)
+        context = [*ids, *done]
+        resume = wpb.Resume(num_generated_tokens=len(done), emitted_text=acc.text) if done else None
+        worker_rid = rid if migrations.count == 0 else f"{rid}.m{migrations.count}"
+        try:
+            route = await self.cluster.route(worker_rid, context)
+            route, call, first = await self._open_decode(
+                route, request, context, resume, worker_rid
+            )
+        except RequestError as e:
+            self._calls.pop(rid, None)
+            if failure is not None and not isinstance(e, WorkerFailure):
+                raise migrations.impossible(failure, e) from None
             raise
         decode = route.decode[0]
         self._calls[rid] = [call]
         prefill: asyncio.Task[wpb.PrefillResponse] | None = None
-        acc = OutputAccumulator(rid, ids, request.prompt)
         try:
             if first.HasField("reservation"):
                 if route.is_local:
@@ -157,32 +228,35 @@ class DisaggregatedBackend:
                         ErrorKind.INTERNAL, f"decode worker {decode.address} did not prefill"
                     )
                 prefill = asyncio.ensure_future(
-                    self._prefill_call(request, ids, first, route.prefill[0])
+                    self._workers.prefill(
+                        request, worker_rid, context, resume, first, route.prefill[0]
+                    )
                 )
                 self._calls[rid].append(prefill)
-                msg = await self._read_while_prefilling(call, decode, rid, prefill)
+                msg = await self._workers.read_while_prefilling(
+                    call, decode, rid, prefill, route.prefill[0]
+                )
             else:
-                msg = await self._read(call, decode, rid)
+                msg = await self._workers.read(call, decode, rid)
             first_output = True
             while msg is not None:
                 if first_output and prefill is not None and msg.output.logprobs:
                     # Only prefill saw the first token's whole distribution: decode got the
                     # token and its logprob over the KV channel; take the top-n from prefill.
-                    response = await self._prefill_response(prefill)
+                    response = await self._workers.prefill_response(prefill)
                     msg.output.logprobs[0].top_logprobs.extend(response.first_token_top_logprobs)
                 first_output = False
                 out = acc.add(msg.output)
                 yield out
                 if out.finished:
                     return
-                msg = await self._read(call, decode, rid)
-            raise RequestError(
-                ErrorKind.UNAVAILABLE,
+                msg = await self._workers.read(call, decode, rid)
+            raise WorkerFailure(
                 f"decode worker {decode.address} ended the stream before the request finished",
+                "worker_lost",
+                decode.worker_id,
             )
         finally:
-            self._calls.pop(rid, None)
-            self._aborted.discard(rid)
             call.cancel()
             await self.cluster.release(route)
             if prefill is not None:
@@ -222,7 +296,12 @@ class DisaggregatedBackend:
         return self.tokenize(prompt)
 
     async def _open_decode(
-        self, route: Route, request: GenerateRequest, ids: list[int]
+        self,
+        route: Route,
+        request: GenerateRequest,
+        ids: list[int],
+        resume: wpb.Resume | None,
+        worker_rid: str,
     ) -> tuple[Route, Any, wpb.DecodeMessage]:
         """Open the Generate stream on the route's decode worker and read its first message;
         a worker that refuses (busy, draining, unreachable) before it: the next one."""
@@ -231,21 +310,25 @@ class DisaggregatedBackend:
             decode = route.decode[0]
             call = decode.stub.Generate(
                 wpb.WorkerGenerateRequest(
-                    request_id=rid,
+                    request_id=worker_rid,
                     prompt_token_ids=ids,
                     sampling_params=sampling_params_to_proto(request.sampling_params),
                     priority=request.priority,
                     local_prefill_max_tokens=-1 if route.is_local else 0,
+                    resume=resume,
                 )
             )
             self._calls[rid] = [call]
             try:
-                first = await self._read(call, decode, rid, first=True)
-            except _Refused as e:
+                first = await self._workers.read(call, decode, rid, first=True)
+            except Refused as e:
                 call.cancel()
                 retry = await self.cluster.retry_decode(route)
                 if retry is None:
                     await self.cluster.release(route)
+                    # Every ranked decode worker refused: unreachable or draining ones
+                    # (a WorkerFailure) send it through migration, which routes it anew
+                    # without them; busy ones (BUSY) fail it with 429.
                     raise e.error from None
                 route = retry
                 continue
@@ -256,102 +339,12 @@ class DisaggregatedBackend:
             if first is None:
                 call.cancel()
                 await self.cluster.release(route)
-                raise RequestError(
-                    ErrorKind.UNAVAILABLE, f"decode worker {decode.address} closed the stream"
+                raise WorkerFailure(
+                    f"decode worker {decode.address} closed the stream",
+                    "worker_lost",
+                    decode.worker_id,
                 )
             return route, call, first
-
-    async def _prefill_call(
-        self, request: GenerateRequest, ids: list[int], first: wpb.DecodeMessage, prefill: Target
-    ) -> wpb.PrefillResponse:
-        try:
-            response: wpb.PrefillResponse = await prefill.stub.Prefill(
-                wpb.PrefillRequest(
-                    request_id=request.request_id,
-                    prompt_token_ids=ids,
-                    sampling_params=sampling_params_to_proto(request.sampling_params),
-                    priority=request.priority,
-                    reservation=first.reservation,
-                )
-            )
-        except grpc.aio.AioRpcError as e:
-            raise _request_error(e, prefill) from None
-        return response
-
-    async def _read_while_prefilling(
-        self,
-        call: Any,
-        decode: Target,
-        rid: str,
-        prefill: asyncio.Task[wpb.PrefillResponse],
-    ) -> wpb.DecodeMessage | None:
-        """Decode's next message, failing at once if the prefill fails first (decode's stream
-        would end too, once its reservation is released, but the client hears sooner)."""
-        read = asyncio.ensure_future(self._read(call, decode, rid))
-        try:
-            done, _ = await asyncio.wait({read, prefill}, return_when=asyncio.FIRST_COMPLETED)
-            if prefill in done and not read.done():
-                if prefill.cancelled():  # by abort()
-                    raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
-                prefill.result()  # raises the prefill's RequestError, if it failed
-            return await read
-        finally:
-            if not read.done():
-                read.cancel()
-                with contextlib.suppress(BaseException):
-                    await read
-
-    async def _prefill_response(
-        self, prefill: asyncio.Task[wpb.PrefillResponse]
-    ) -> wpb.PrefillResponse:
-        try:
-            async with asyncio.timeout(self._stall_timeout_s):
-                return await asyncio.shield(prefill)
-        except TimeoutError:
-            raise RequestError(
-                ErrorKind.UNAVAILABLE,
-                f"the prefill worker did not answer within {self._stall_timeout_s:g}s of "
-                "decode admitting the request",
-            ) from None
-
-    async def _read(
-        self, call: Any, worker: Target, rid: str, first: bool = False
-    ) -> wpb.DecodeMessage | None:
-        """The next message that is not a heartbeat; None at the end of the stream. ``first``:
-        a refusal (busy, draining, unreachable) raises ``_Refused`` (the caller retries)."""
-        while True:
-            try:
-                async with asyncio.timeout(self._stall_timeout_s):
-                    msg = await call.read()
-            except TimeoutError:
-                self.cluster.mark_stalled(worker)
-                raise RequestError(
-                    ErrorKind.UNAVAILABLE,
-                    f"decode worker {worker.address} stalled: no token or heartbeat for "
-                    f"{self._stall_timeout_s:g}s; the request was aborted",
-                ) from None
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if rid in self._aborted and task is not None and not task.cancelling():
-                    raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted") from None
-                raise
-            except grpc.aio.AioRpcError as e:
-                if first and e.code() in _REFUSALS:
-                    raise _Refused(_request_error(e, worker)) from None
-                raise _request_error(e, worker) from None
-            if msg is grpc.aio.EOF:
-                return None
-            if msg.WhichOneof("kind") != "heartbeat":
-                return msg  # type: ignore[no-any-return]
-
-
-# Before its first message a decode worker that answers these has not started the request.
-_REFUSALS = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
-
-
-class _Refused(Exception):
-    def __init__(self, error: Exception) -> None:
-        self.error = error
 
 
 def policy_options(name: str, local_prefill_max_tokens: int, block_size: int) -> dict[str, float]:
@@ -360,20 +353,3 @@ def policy_options(name: str, local_prefill_max_tokens: int, block_size: int) ->
         return {"local_prefill_max_tokens": local_prefill_max_tokens}
     blocks = 10**9 if local_prefill_max_tokens < 0 else local_prefill_max_tokens // block_size
     return {"local_prefill_max_blocks": blocks}
-
-
-def _request_error(e: grpc.aio.AioRpcError, worker: Target) -> Exception:
-    code, details = e.code(), e.details() or ""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ValueError(details)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return RequestError(ErrorKind.BUSY, details, retry_after_s=1.0)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return RequestError(ErrorKind.TIMEOUT, details)
-    if code == grpc.StatusCode.CANCELLED:
-        return RequestError(
-            ErrorKind.UNAVAILABLE, f"the {worker.role} worker {worker.address} cancelled it"
-        )
-    return RequestError(
-        ErrorKind.UNAVAILABLE, f"{worker.role} worker {worker.address}: {code.name}: {details}"
-    )

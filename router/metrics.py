@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from engine.metrics import LATENCY_BUCKETS_S
@@ -29,6 +29,7 @@ from pdserve.metrics.stages import TtftStages
 from router.admission import Admission
 from router.backend import Backend, GenerateRequest
 from router.errors import ErrorKind, RequestError
+from router.migration import PHASES, REASONS, MigrationStats
 
 FINISH_REASONS = ("stop", "length", "abort", "timeout", "error")
 REJECT_REASONS = ("busy", "invalid", "not_found")
@@ -253,6 +254,29 @@ class _RouterCollector:
         for pool, n in _healthy_workers(self._backend).items():
             healthy.add_metric([*values, pool], n)
         yield healthy
+        stats = getattr(self._backend, "migration_stats", None)
+        if isinstance(stats, MigrationStats):
+            migrations = CounterMetricFamily(
+                "pdserve_migrations",
+                "Requests moved to other workers after the ones serving them failed, by phase "
+                "(prefill: before the attempt's first token; decode: after) and reason (stall, "
+                "drain, worker_lost, worker_error).",
+                labels=[*names, "phase", "reason"],
+            )
+            for phase in PHASES:
+                for reason in REASONS:
+                    migrations.add_metric(
+                        [*values, phase, reason], stats.migrations[(phase, reason)]
+                    )
+            yield migrations
+            exhausted = CounterMetricFamily(
+                "pdserve_migrations_failed",
+                "Requests failed because migrating them was impossible or their "
+                "--migration-limit was reached.",
+                labels=names,
+            )
+            exhausted.add_metric(values, stats.exhausted)
+            yield exhausted
         slo = GaugeMetricFamily(
             "pdserve_slo_target_seconds",
             "The configured SLO targets (--slo-ttft-ms, --slo-itl-ms); absent when unset.",

@@ -162,6 +162,13 @@ class Drain(Closed):
     pre_stop_sleep_seconds: int = Field(
         default=5, ge=0, description="wait for endpoints to drop the pod before SIGTERM"
     )
+    migrate_after_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="decode workers hand the requests still in flight this long after "
+        "SIGTERM to the router, which migrates them to another decode worker "
+        "(--drain-migrate-after-s); null: at the grace",
+    )
     worker_grace_flag: bool = Field(
         default=False,
         description="deprecated, ignored: the workers always get --shutdown-grace-s "

@@ -1,10 +1,10 @@
-"""The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits, and the
-control-plane row (pdserve.dashboards.control_plane)."""
+"""The capacity dashboard: KV cache, queues, preemption, batch size, prefix hits, request
+migrations, and the control-plane row (pdserve.dashboards.control_plane)."""
 
 from __future__ import annotations
 
 from pdserve.dashboards import control_plane
-from pdserve.dashboards.panels import POOL, SEL, Panel, Row, Target, mean, quantiles, rate
+from pdserve.dashboards.panels import POOL, RI, SEL, Panel, Row, Target, mean, quantiles, rate
 
 TITLE = "pdserve / capacity"
 
@@ -91,6 +91,20 @@ PANELS: tuple[Panel | Row, ...] = (
         "Healthy workers (router's view)",
         "short",
         (Target(f"sum by (pool) (pdserve_router_healthy_workers{{{SEL}}})", "{{pool}}"),),
+    ),
+    Panel(
+        "Request migrations per second",
+        "short",
+        (
+            rate("pdserve_migrations_total", SEL, "phase, reason"),
+            Target(
+                f"sum(rate(pdserve_migrations_failed_total{{{SEL}}}[{RI}]))",
+                "failed (no worker left or --migration-limit reached)",
+            ),
+        ),
+        "Requests the router moved to other workers after the ones serving them died, "
+        "stalled or drained (phase prefill: before the attempt's first token), and requests "
+        "it could not move.",
     ),
     Panel(
         "Engine steps per second",

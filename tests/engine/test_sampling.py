@@ -81,16 +81,32 @@ def test_seeded_sampling_is_reproducible_and_batch_independent() -> None:
     def draw(extra_rows: int) -> list[int]:
         s = Sampler()
         out = []
-        for _ in range(10):
+        for i in range(10):
             batch = torch.cat([logits, torch.randn(extra_rows, 100)])
             noise = rows(*[SamplingParams(temperature=1.0)] * extra_rows)
-            r = [SamplingRow("seeded", p, 0), *noise]
+            r = [SamplingRow("seeded", p, i), *noise]
             out.append(s.sample(batch, r)[0].token_id)
         return out
 
     a, b = draw(0), draw(5)
     assert a == b
     assert len(set(a)) > 1  # it really samples
+
+
+def test_seeded_token_depends_on_seed_and_index_only() -> None:
+    # A migrated request's next token is drawn by another process's sampler that never drew
+    # the earlier ones: token i must come out the same as in the uninterrupted run.
+    torch.manual_seed(3)
+    logits = torch.randn(1, 100)
+    p = SamplingParams(temperature=1.0, seed=99)
+    first = Sampler()
+    run = [first.sample(logits, [SamplingRow("r", p, i)])[0].token_id for i in range(12)]
+    fresh = [Sampler().sample(logits, [SamplingRow("other", p, i)])[0].token_id for i in range(12)]
+    assert run == fresh
+    other_seed = SamplingParams(temperature=1.0, seed=100)
+    other = [Sampler().sample(logits, [SamplingRow("r", other_seed, i)])[0].token_id
+             for i in range(12)]  # fmt: skip
+    assert run != other
 
 
 def test_min_tokens_masks_eos_and_stop_ids() -> None:

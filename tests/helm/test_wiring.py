@@ -164,6 +164,18 @@ def test_drain_fits_the_grace_period(example: str) -> None:
             assert int(_flag(c.spec["args"], "--shutdown-grace-s")) == drain["seconds"]
 
 
+def test_drain_migrate_after_reaches_only_decode() -> None:
+    """drain.migrateAfterSeconds: decode hands its streams to migration that long after
+    SIGTERM (--drain-migrate-after-s); unset, no flag (at the grace)."""
+    values = {**example_values("cpu-tiny"), "drain": {"migrateAfterSeconds": 0}}
+    with_flag = {c.role: c.spec["args"] for c in containers(objects(render(values)))}
+    assert _flag(with_flag["decode"], "--drain-migrate-after-s") == "0"
+    for role in ("router", "prefill"):
+        assert "--drain-migrate-after-s" not in with_flag[role]
+    for c in containers(_objs("cpu-tiny")):
+        assert "--drain-migrate-after-s" not in c.spec.get("args", [])
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_pods_are_locked_down(example: str) -> None:
     objs = _objs(example)

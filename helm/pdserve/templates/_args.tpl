@@ -111,6 +111,10 @@
 {{- end }}
 - --shutdown-grace-s
 - {{ $v.drain.seconds | quote }}
+{{- if and (eq .role "decode") (not (kindIs "invalid" $v.drain.migrateAfterSeconds)) }}
+- --drain-migrate-after-s
+- {{ $v.drain.migrateAfterSeconds | quote }}
+{{- end }}
 {{- with $v.tls.internal.existingSecret }}
 {{- if ne $v.kvTransfer.transport "tcp" }}
 {{- fail "tls.internal needs kvTransfer.transport tcp: UCX connections carry no certificate" }}

@@ -27,7 +27,7 @@ from protos.pdserve.v1 import generate_pb2 as protos_dot_pdserve_dot_v1_dot_gene
 from protos.pdserve.v1 import kv_transfer_pb2 as protos_dot_pdserve_dot_v1_dot_kv__transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/pdserve/v1/worker.proto\x12\npdserve.v1\x1a protos/pdserve/v1/generate.proto\x1a#protos/pdserve/v1/kv_transfer.proto\"\xae\x01\n\x15WorkerGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12 \n\x18local_prefill_max_tokens\x18\x05 \x01(\x05\"\xa7\x01\n\rDecodeMessage\x12\x30\n\x0breservation\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.KVReservationH\x00\x12\x17\n\rlocal_prefill\x18\x02 \x01(\x08H\x00\x12.\n\x06output\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.GenerateResponseH\x00\x12\x13\n\theartbeat\x18\x04 \x01(\x08H\x00\x42\x06\n\x04kind\"\xb5\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12.\n\x0breservation\x18\x05 \x01(\x0b\x32\x19.pdserve.v1.KVReservation\"\xe9\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12\x1b\n\x13\x66irst_token_logprob\x18\x02 \x01(\x01\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0fnum_blocks_sent\x18\x04 \x01(\x05\x12\x1a\n\x12num_blocks_skipped\x18\x05 \x01(\x05\x12\x17\n\x0fprefill_seconds\x18\x06 \x01(\x01\x12\x38\n\x18\x66irst_token_top_logprobs\x18\x07 \x03(\x0b\x32\x16.pdserve.v1.TopLogprob\")\n\x0eGetLoadRequest\x12\x17\n\x0f\x63heck_integrity\x18\x01 \x01(\x08\"\xae\x02\n\nWorkerLoad\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\x05\x12\x1c\n\x14num_running_requests\x18\x04 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x05 \x01(\x05\x12!\n\x19num_queued_prefill_tokens\x18\x06 \x01(\x03\x12\x13\n\x0bkv_endpoint\x18\x07 \x01(\t\x12\x11\n\ttransport\x18\x08 \x01(\t\x12\x18\n\x10num_reservations\x18\t \x01(\x05\x12\x10\n\x08\x64raining\x18\n \x01(\x08\x12\x19\n\x11integrity_checked\x18\x0b \x01(\x08\x12\x17\n\x0fintegrity_error\x18\x0c \x01(\t2\x99\x01\n\x0c\x44\x65\x63odeWorker\x12J\n\x08Generate\x12!.pdserve.v1.WorkerGenerateRequest\x1a\x19.pdserve.v1.DecodeMessage0\x01\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoad2\x92\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/pdserve/v1/worker.proto\x12\npdserve.v1\x1a protos/pdserve/v1/generate.proto\x1a#protos/pdserve/v1/kv_transfer.proto\"\xd2\x01\n\x15WorkerGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12 \n\x18local_prefill_max_tokens\x18\x05 \x01(\x05\x12\"\n\x06resume\x18\x06 \x01(\x0b\x32\x12.pdserve.v1.Resume\"<\n\x06Resume\x12\x1c\n\x14num_generated_tokens\x18\x01 \x01(\x05\x12\x14\n\x0c\x65mitted_text\x18\x02 \x01(\t\"\xa7\x01\n\rDecodeMessage\x12\x30\n\x0breservation\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.KVReservationH\x00\x12\x17\n\rlocal_prefill\x18\x02 \x01(\x08H\x00\x12.\n\x06output\x18\x03 \x01(\x0b\x32\x1c.pdserve.v1.GenerateResponseH\x00\x12\x13\n\theartbeat\x18\x04 \x01(\x08H\x00\x42\x06\n\x04kind\"\xd9\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12.\n\x0breservation\x18\x05 \x01(\x0b\x32\x19.pdserve.v1.KVReservation\x12\"\n\x06resume\x18\x06 \x01(\x0b\x32\x12.pdserve.v1.Resume\"\xe9\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12\x1b\n\x13\x66irst_token_logprob\x18\x02 \x01(\x01\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0fnum_blocks_sent\x18\x04 \x01(\x05\x12\x1a\n\x12num_blocks_skipped\x18\x05 \x01(\x05\x12\x17\n\x0fprefill_seconds\x18\x06 \x01(\x01\x12\x38\n\x18\x66irst_token_top_logprobs\x18\x07 \x03(\x0b\x32\x16.pdserve.v1.TopLogprob\")\n\x0eGetLoadRequest\x12\x17\n\x0f\x63heck_integrity\x18\x01 \x01(\x08\"\xae\x02\n\nWorkerLoad\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\x05\x12\x1c\n\x14num_running_requests\x18\x04 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x05 \x01(\x05\x12!\n\x19num_queued_prefill_tokens\x18\x06 \x01(\x03\x12\x13\n\x0bkv_endpoint\x18\x07 \x01(\t\x12\x11\n\ttransport\x18\x08 \x01(\t\x12\x18\n\x10num_reservations\x18\t \x01(\x05\x12\x10\n\x08\x64raining\x18\n \x01(\x08\x12\x19\n\x11integrity_checked\x18\x0b \x01(\x08\x12\x17\n\x0fintegrity_error\x18\x0c \x01(\t2\x99\x01\n\x0c\x44\x65\x63odeWorker\x12J\n\x08Generate\x12!.pdserve.v1.WorkerGenerateRequest\x1a\x19.pdserve.v1.DecodeMessage0\x01\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoad2\x92\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12=\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x16.pdserve.v1.WorkerLoadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.pdserve.v1.worker_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKERGENERATEREQUEST']._serialized_start=118
-  _globals['_WORKERGENERATEREQUEST']._serialized_end=292
-  _globals['_DECODEMESSAGE']._serialized_start=295
-  _globals['_DECODEMESSAGE']._serialized_end=462
-  _globals['_PREFILLREQUEST']._serialized_start=465
-  _globals['_PREFILLREQUEST']._serialized_end=646
-  _globals['_PREFILLRESPONSE']._serialized_start=649
-  _globals['_PREFILLRESPONSE']._serialized_end=882
-  _globals['_GETLOADREQUEST']._serialized_start=884
-  _globals['_GETLOADREQUEST']._serialized_end=925
-  _globals['_WORKERLOAD']._serialized_start=928
-  _globals['_WORKERLOAD']._serialized_end=1230
-  _globals['_DECODEWORKER']._serialized_start=1233
-  _globals['_DECODEWORKER']._serialized_end=1386
-  _globals['_PREFILLWORKER']._serialized_start=1389
-  _globals['_PREFILLWORKER']._serialized_end=1535
+  _globals['_WORKERGENERATEREQUEST']._serialized_end=328
+  _globals['_RESUME']._serialized_start=330
+  _globals['_RESUME']._serialized_end=390
+  _globals['_DECODEMESSAGE']._serialized_start=393
+  _globals['_DECODEMESSAGE']._serialized_end=560
+  _globals['_PREFILLREQUEST']._serialized_start=563
+  _globals['_PREFILLREQUEST']._serialized_end=780
+  _globals['_PREFILLRESPONSE']._serialized_start=783
+  _globals['_PREFILLRESPONSE']._serialized_end=1016
+  _globals['_GETLOADREQUEST']._serialized_start=1018
+  _globals['_GETLOADREQUEST']._serialized_end=1059
+  _globals['_WORKERLOAD']._serialized_start=1062
+  _globals['_WORKERLOAD']._serialized_end=1364
+  _globals['_DECODEWORKER']._serialized_start=1367
+  _globals['_DECODEWORKER']._serialized_end=1520
+  _globals['_PREFILLWORKER']._serialized_start=1523
+  _globals['_PREFILLWORKER']._serialized_end=1669
 # @@protoc_insertion_point(module_scope)

@@ -10,18 +10,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "local_prefill_max_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "local_prefill_max_tokens", "resume")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PREFILL_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _generate_pb2.SamplingParams
     priority: int
     local_prefill_max_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., local_prefill_max_tokens: _Optional[int] = ...) -> None: ...
+    resume: Resume
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., local_prefill_max_tokens: _Optional[int] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
+
+class Resume(_message.Message):
+    __slots__ = ("num_generated_tokens", "emitted_text")
+    NUM_GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    num_generated_tokens: int
+    emitted_text: str
+    def __init__(self, num_generated_tokens: _Optional[int] = ..., emitted_text: _Optional[str] = ...) -> None: ...
 
 class DecodeMessage(_message.Message):
     __slots__ = ("reservation", "local_prefill", "output", "heartbeat")
@@ -36,18 +46,20 @@ class DecodeMessage(_message.Message):
     def __init__(self, reservation: _Optional[_Union[_kv_transfer_pb2.KVReservation, _Mapping]] = ..., local_prefill: _Optional[bool] = ..., output: _Optional[_Union[_generate_pb2.GenerateResponse, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "reservation")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "reservation", "resume")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _generate_pb2.SamplingParams
     priority: int
     reservation: _kv_transfer_pb2.KVReservation
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., reservation: _Optional[_Union[_kv_transfer_pb2.KVReservation, _Mapping]] = ...) -> None: ...
+    resume: Resume
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., reservation: _Optional[_Union[_kv_transfer_pb2.KVReservation, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "first_token_logprob", "num_cached_tokens", "num_blocks_sent", "num_blocks_skipped", "prefill_seconds", "first_token_top_logprobs")
