@@ -228,7 +228,12 @@ def test_decode_stall_and_drain_and_prefill_death_migrate_every_stream(llama: Pa
         llama,
         num_prefill=2,
         num_decode=2,
-        router_args=["--stall-timeout-s", str(STALL_S)],
+        # Every prompt prefills on a prefill worker, cached on decode or not (the uninterrupted
+        # run caches them there; a local prefill would never reach the killed prefill worker).
+        router_args=[
+            *("--stall-timeout-s", str(STALL_S)),
+            *("--local-prefill-max-tokens", "0", "--local-prefill-hit-ratio", "2"),
+        ],
         decode_args=["--drain-migrate-after-s", "1", "--shutdown-grace-s", "30"],
         num_kv_blocks=1024,
     ) as cluster:
