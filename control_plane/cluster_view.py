@@ -78,8 +78,9 @@ class ClusterView:
         self._refused: set[str] = set()  # fingerprint mismatches already logged
         self._loads: dict[str, LoadReport] = {}
         self._sends: dict[str, dict[str, _Send]] = {}  # worker -> request id -> send
-        self._failed_until: dict[str, float] = {}  # local clock
-        self._stalled_until: dict[str, float] = {}  # local clock; strict avoidance
+        # worker -> (avoided until, local clock; even as the last of its pool)
+        # worker id -> (avoided while another can serve until, avoided even as the last until)
+        self._avoided: dict[str, tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ clock
     def sync_clock(self, registry_now: float) -> None:
@@ -142,8 +143,7 @@ class ClusterView:
         if info is not None:
             logger.info("worker left: %s %s", info.role, worker_id)
         self._loads.pop(worker_id, None)
-        self._failed_until.pop(worker_id, None)
-        self._stalled_until.pop(worker_id, None)
+        self._avoided.pop(worker_id, None)
         self.kv_index.remove_worker(worker_id)
 
     def member(self, worker_id: str) -> WorkerInfo | None:
@@ -159,27 +159,33 @@ class ClusterView:
         a worker may well serve (one failed call is often the request's, not the worker's).
         A stalled worker answers nothing: it is avoided even as the last one."""
         now_local, now_reg = self._clock(), self.registry_time()
-        live = [
-            m
-            for m in self.members(role)
-            if m.state is WorkerState.SERVING
-            and (self.in_outage or not m.lease_deadline or m.lease_deadline > now_reg)
-            and self._stalled_until.get(m.worker_id, 0.0) <= now_local
-        ]
-        fine = [m for m in live if self._failed_until.get(m.worker_id, 0.0) <= now_local]
+        live, fine = [], []
+        for m in self.members(role):
+            if m.state is not WorkerState.SERVING:
+                continue
+            if not self.in_outage and m.lease_deadline and m.lease_deadline <= now_reg:
+                continue
+            soft_until, hard_until = self._avoided.get(m.worker_id, (0.0, 0.0))
+            if hard_until <= now_local:
+                live.append(m)
+                if soft_until <= now_local:
+                    fine.append(m)
         return fine or live
 
     def mark_failed(self, worker_id: str, for_s: float = 2.0, stalled: bool = False) -> None:
         """A call to the worker failed: skip it for ``for_s`` while another worker can serve;
-        ``stalled`` (it answered nothing, not even heartbeats): skip it even as the last."""
+        ``stalled`` (it answered nothing, not even heartbeats): skip it even as the last. A
+        mark never shortens or softens one in force (a stalled worker whose load poll then
+        times out stays avoided even as the last until its stall mark passes)."""
+        soft_until, hard_until = self._avoided.get(worker_id, (0.0, 0.0))
         until = self._clock() + for_s
-        self._failed_until[worker_id] = until
         if stalled:
-            self._stalled_until[worker_id] = until
+            hard_until = max(hard_until, until)
+        soft_until = max(soft_until, until)
+        self._avoided[worker_id] = (soft_until, hard_until)
 
     def mark_ok(self, worker_id: str) -> None:
-        self._failed_until.pop(worker_id, None)
-        self._stalled_until.pop(worker_id, None)
+        self._avoided.pop(worker_id, None)
 
     # ------------------------------------------------------------------ load
     def update_load(self, report: LoadReport) -> None:

@@ -51,7 +51,7 @@ class RedisClusterSource:
         self._outage_since: float | None = None
         self._changed = asyncio.Event()  # membership changed: restart the KV read
         self._snapshot_after: dict[str, float] = {}  # worker -> no new try before (monotonic)
-        self._generation: str | None = None  # Redis's dataset (RedisStore.generation)
+        self._generation: str | None = None  # Redis's dataset (MemberListing.generation)
         self._forgotten: set[str] = set()  # members Redis forgot (data loss), not yet back
 
     async def start(self) -> None:
@@ -97,8 +97,8 @@ class RedisClusterSource:
 
     # ------------------------------------------------------------------ membership
     async def relist(self) -> None:
-        generation = await self.store.generation()
-        now, infos = await self.store.list_members()
+        listing = await self.store.listing()
+        now, infos, generation = listing.now, listing.members, listing.generation
         self.view.sync_clock(now)
         if self._generation is not None and generation != self._generation:
             # Redis lost its data (restarted empty): every worker registers again at its next

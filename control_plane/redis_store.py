@@ -42,6 +42,16 @@ class MembershipEvent:
 
 
 @dataclass(frozen=True)
+class MemberListing:
+    """One re-list: the registry's time, every worker whose lease is live, and the dataset's
+    generation (a random value set once: a new one means Redis lost its data)."""
+
+    now: float
+    members: list[WorkerInfo]
+    generation: str
+
+
+@dataclass(frozen=True)
 class StreamedKVBatch:
     stream_id: bytes
     batch: KVEventBatch
@@ -184,11 +194,19 @@ class RedisStore:
     # ------------------------------------------------------------------ router side
     async def list_members(self) -> tuple[float, list[WorkerInfo]]:
         """``(registry time, every worker whose lease is live)``; drops expired members."""
+        listing = await self.listing()
+        return listing.now, listing.members
+
+    async def listing(self) -> MemberListing:
+        """``list_members`` with the dataset's generation, read in the same round trip (the
+        first caller after Redis lost its data sets a new one)."""
         k = self.keys
         pipe = self._redis.pipeline(transaction=False)
         pipe.time()
         pipe.zrangebyscore(k.members, "-inf", "+inf", withscores=True)
-        (sec, usec), members = await self._run(pipe.execute())
+        pipe.set(k.generation, secrets.token_hex(8), nx=True)
+        pipe.get(k.generation)
+        (sec, usec), members, _, generation = await self._run(pipe.execute())
         now = float(sec) + float(usec) / 1e6
         live = [(m.decode(), score / 1000.0) for m, score in members if score / 1000.0 > now]
         expired = [m for m, score in members if score / 1000.0 <= now]
@@ -207,7 +225,7 @@ class RedisStore:
                 infos.append(WorkerInfo.from_fields(fields, lease_deadline=deadline))
             except ValueError:
                 continue  # a record another version wrote; ignore rather than crash
-        return now, infos
+        return MemberListing(now, infos, generation.decode())
 
     async def read_events(
         self, last_id: bytes, block_s: float, count: int = 1000
@@ -232,16 +250,6 @@ class RedisStore:
                     )
                 )
         return out
-
-    async def generation(self) -> str:
-        """This Redis dataset's generation: a random value the first caller sets and every
-        later one reads. It changes only when Redis loses its data (a restart without
-        persistence, a new instance behind the same address)."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self.keys.generation, secrets.token_hex(8), nx=True)
-        pipe.get(self.keys.generation)
-        _, value = await self._run(pipe.execute())
-        return value.decode() if isinstance(value, bytes) else str(value)
 
     async def last_event_id(self) -> bytes:
         """The id of the newest membership event (b"0-0" when none): read after this."""

@@ -238,28 +238,7 @@ class LLMEngine:
         tracked = self._tracked.get(request_id)
         if tracked is None:
             return None
-        r = tracked.request
-        params = r.sampling_params
-        num_out = r.num_generated_tokens
-        detok = tracked.detok
-        return RequestSnapshot(
-            request_id=request_id,
-            status=r.status.value,
-            prompt_token_ids=tuple(r.original_prompt_token_ids),
-            output_token_ids=tuple(r.generated_token_ids),
-            sampling_params=params,
-            priority=r.priority,
-            num_computed_tokens=r.num_computed_tokens,
-            num_cached_tokens=r.num_cached_tokens,
-            num_preemptions=r.num_preemptions,
-            remaining_max_tokens=None if params.max_tokens is None else params.max_tokens - num_out,
-            remaining_min_tokens=max(0, params.min_tokens - num_out),
-            seed=params.seed,
-            num_sampled_tokens=num_out,
-            emitted_text=detok.emitted_text if detok is not None else "",
-            held_back_text=detok.text[len(detok.emitted_text) :] if detok is not None else "",
-            stop_reason=r.stop_reason,
-        )
+        return tracked.snapshot()
 
     def stats(self) -> EngineStats:
         """A snapshot of the pool, the queues and the counters (engine thread)."""

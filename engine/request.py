@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.block_hash import ROOT_BLOCK_HASH, BlockHash, hash_block
 from engine.kv_connector.params import KVTransferParams
 from engine.sampling_params import SamplingParams
+from engine.scheduler_output import ScheduledRequest
 
 
 class RequestStatus(enum.Enum):
@@ -136,3 +138,24 @@ class Request:
             chunk = self.token_ids[i * block_size : (i + 1) * block_size]
             self.block_hashes.append(hash_block(parent, chunk, self.extra_keys))
         return self.block_hashes
+
+    def scheduled(self, num_new: int, block_table: Sequence[int]) -> ScheduledRequest:
+        """This request's share of a step: its next ``num_new`` tokens over ``block_table``."""
+        params = self.sampling_params
+        start = self.num_computed_tokens
+        end = start + num_new
+        return ScheduledRequest(
+            request_id=self.request_id,
+            token_ids=tuple(self.token_ids[start:end]),
+            num_computed_tokens=start,
+            block_table=tuple(block_table),
+            sample=end == self.num_tokens,
+            sampling_params=params,
+            num_output_tokens=self.num_generated_tokens,
+            output_token_ids=(
+                tuple(self.generated_token_ids) if params.needs_output_history else ()
+            ),
+            prompt_token_ids=(
+                tuple(self.original_prompt_token_ids) if params.needs_prompt_history else ()
+            ),
+        )

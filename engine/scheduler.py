@@ -25,7 +25,6 @@ No torch here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from engine.batching import make_batching_policy
 from engine.block_hash import BlockHash
@@ -35,21 +34,9 @@ from engine.preemption import make_preemption_policy
 from engine.request import Request, RequestStatus
 from engine.request_queue import make_queue
 from engine.scheduler_config import SchedulerConfig
-from engine.scheduler_output import ScheduledRequest, SchedulerOutput
-
-
-@dataclass
-class SchedulerStats:
-    num_preemptions_swap: int = 0
-    num_preemptions_recompute: int = 0
-    num_blocks_swapped_out: int = 0
-    num_blocks_swapped_in: int = 0
-    num_prefix_query_blocks: int = 0
-    num_prefix_hit_blocks: int = 0
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.num_preemptions_swap + self.num_preemptions_recompute
+from engine.scheduler_output import SchedulerOutput
+from engine.scheduler_stats import SchedulerStats
+from engine.stop_conditions import finish_status
 
 
 class Scheduler:
@@ -141,7 +128,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)  # its batch slot was taken at admission
             changed.append(request)
-            status = self.check_stop(request, loaded.first_token_id)
+            status = finish_status(request, loaded.first_token_id)
             if status is not None:
                 self.finish_request(request_id, status, request.stop_reason)
         return changed
@@ -256,7 +243,10 @@ class Scheduler:
         finished_ids = tuple(self._finished_ids)
         self._finished_ids.clear()
         return SchedulerOutput(
-            scheduled=tuple(self._describe(rid, n) for rid, n in scheduled.items()),
+            scheduled=tuple(
+                self.requests[rid].scheduled(n, self.block_manager.block_table(rid))
+                for rid, n in scheduled.items()
+            ),
             num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             blocks_to_swap_out=tuple(swap_out),
             blocks_to_swap_in=tuple(swap_in),
@@ -287,28 +277,10 @@ class Scheduler:
             if token is None:
                 continue
             updated.append(request)
-            status = self.check_stop(request, token)
+            status = finish_status(request, token)
             if status is not None:
                 self.finish_request(request.request_id, status, request.stop_reason)
         return updated
-
-    def check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        """The finish status ``token`` (just appended) gives the request, if any."""
-        if request.is_export:
-            return RequestStatus.FINISHED_LENGTH  # an export samples the first token only
-        params = request.sampling_params
-        num_out = request.num_generated_tokens
-        if num_out >= params.min_tokens:
-            if not params.ignore_eos and token == request.eos_token_id:
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                request.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and num_out >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.max_total_tokens and request.num_tokens >= request.max_total_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     # ---------------------------------------------------------------- private
     def _num_slots_taken(self) -> int:
@@ -418,24 +390,3 @@ class Scheduler:
             victim.num_computed_tokens = 0
             victim.status = RequestStatus.PREEMPTED
             self.waiting.push_front(victim)
-
-    def _describe(self, request_id: str, num_new: int) -> ScheduledRequest:
-        request = self.requests[request_id]
-        params = request.sampling_params
-        start = request.num_computed_tokens
-        end = start + num_new
-        return ScheduledRequest(
-            request_id=request_id,
-            token_ids=tuple(request.token_ids[start:end]),
-            num_computed_tokens=start,
-            block_table=tuple(self.block_manager.block_table(request_id)),
-            sample=end == request.num_tokens,
-            sampling_params=params,
-            num_output_tokens=request.num_generated_tokens,
-            output_token_ids=(
-                tuple(request.generated_token_ids) if params.needs_output_history else ()
-            ),
-            prompt_token_ids=(
-                tuple(request.original_prompt_token_ids) if params.needs_prompt_history else ()
-            ),
-        )

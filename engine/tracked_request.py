@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import RequestMetrics, RequestOutput, SampledToken
 from engine.request import Request
+from engine.request_snapshot import RequestSnapshot
 
 
 @dataclass
@@ -27,6 +28,31 @@ class TrackedRequest:
         if self.detok is not None:
             self.detok.update(new_ids)
         return new_ids
+
+    def snapshot(self) -> RequestSnapshot:
+        """The request as plain data (``LLMEngine.snapshot``)."""
+        r = self.request
+        params = r.sampling_params
+        num_out = r.num_generated_tokens
+        detok = self.detok
+        return RequestSnapshot(
+            request_id=r.request_id,
+            status=r.status.value,
+            prompt_token_ids=tuple(r.original_prompt_token_ids),
+            output_token_ids=tuple(r.generated_token_ids),
+            sampling_params=params,
+            priority=r.priority,
+            num_computed_tokens=r.num_computed_tokens,
+            num_cached_tokens=r.num_cached_tokens,
+            num_preemptions=r.num_preemptions,
+            remaining_max_tokens=None if params.max_tokens is None else params.max_tokens - num_out,
+            remaining_min_tokens=max(0, params.min_tokens - num_out),
+            seed=params.seed,
+            num_sampled_tokens=num_out,
+            emitted_text=detok.emitted_text if detok is not None else "",
+            held_back_text=detok.text[len(detok.emitted_text) :] if detok is not None else "",
+            stop_reason=r.stop_reason,
+        )
 
     def make_output(
         self, token: SampledToken, new_ids: list[int], now: float, finished: bool

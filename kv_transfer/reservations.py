@@ -215,15 +215,10 @@ class ReservationTable:
             for r in list(self._reservations.values()):
                 if r.release_reason is None and r.deadline <= now:
                     done += self._start_release(r, ReleaseReason.EXPIRED)
-                if (
-                    r.release_reason is not None
-                    and r.in_flight
-                    and r.peer is not None
-                    and r.deadline <= now
-                    and not r.stalled
-                ):
-                    r.stalled = True
-                    stalled.append(r.peer)
+                if r.release_reason is not None and r.in_flight and r.deadline <= now:
+                    if r.peer is not None and not r.stalled:
+                        r.stalled = True
+                        stalled.append(r.peer)
         self._notify(done)
         return stalled
 

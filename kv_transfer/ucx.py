@@ -52,8 +52,6 @@ MAX_CONTROL_BYTES = 64 << 10
 _TAG_MASK = (1 << 32) - 1
 _ACK_TIMEOUT_S = 5.0
 _log = logging.getLogger(__name__)
-
-
 _started = False
 
 
@@ -125,16 +123,15 @@ class UcxReceiver(ReceiverBase):
             self._listen_task.cancel()
             await asyncio.gather(self._listen_task, return_exceptions=True)
         for sender_id in list(self._peers):
-            self._cut_peer(sender_id, "receiver closed")
+            self._cut_peer(sender_id)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _cut_peer(self, peer: object, why: str = "a write outlived its lease") -> None:
+    def _cut_peer(self, peer: object) -> None:
         ep = self._peers.pop(peer, None) if isinstance(peer, int) else None
         if ep is not None:
             ep.abort(period=10**8)  # cancels receives posted on it: in-flight writes fail
-        released = self.core.table.peer_lost(peer)
-        _log.warning("UCX sender %s cut (%s): %d reservation(s) released", peer, why, released)
+        self.core.table.peer_lost(peer)
 
     async def _listen(self) -> None:
         while True:
@@ -197,7 +194,8 @@ class UcxReceiver(ReceiverBase):
                 _ACK_TIMEOUT_S,
             )
         except Exception as e:
-            self._cut_peer(frame.sender_id, f"hello reply not sent: {e!r}")
+            _log.warning("KV peer %s cut: hello reply not sent (%r)", frame.sender_id, e)
+            self._cut_peer(frame.sender_id)
         if reply.status != pb.KV_STATUS_OK:
             ep.abort(period=10**8)
 
@@ -233,7 +231,8 @@ class UcxReceiver(ReceiverBase):
                 ep.send(_pack(frame), tag=_ack_tag(sender_id), force_tag=True), _ACK_TIMEOUT_S
             )
         except Exception as e:
-            self._cut_peer(sender_id, f"reply not sent: {e!r}")
+            _log.warning("KV peer %s cut: reply not sent (%r)", sender_id, e)
+            self._cut_peer(sender_id)
 
 
 class UcxChannel:

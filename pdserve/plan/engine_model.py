@@ -20,7 +20,6 @@ Two ways to advance, with the same result:
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 from pdserve.plan.cost_model import StepCost, SwapCost
 from pdserve.plan.cpu_share import Lane
+from pdserve.plan.decoding_set import DecodingSet
 from pdserve.plan.events import EventLoop
 from pdserve.plan.kv_pool import KvPool
 from pdserve.plan.seq import Seq
@@ -88,11 +88,7 @@ class EngineModel:
         self.reserved: set[Seq] = set()  # REMOTE: blocks reserved, KV still arriving
         # Decoding requests, in aggregate.
         self.steps = 0
-        self.num_decoding = 0
-        self.sum_offset = 0
-        self.residues = [0] * self.bs  # decoding requests by offset mod block size
-        self._finish: list[tuple[int, int, Seq, int]] = []  # (step, tie, seq, epoch)
-        self._tie = 0
+        self.decoding = DecodingSet(self.bs)
         self.stale: list[Seq] = []
         # Commands and the current job.
         self._commands: list[tuple[Callable[[Any], None], Any]] = []
@@ -202,26 +198,11 @@ class EngineModel:
     def start_decoding(self, seq: Seq) -> None:
         """``seq`` (in running, one token behind) joins the decoding aggregate."""
         self.prefilling.pop(seq, None)
-        seq.is_decoding = True
-        seq.offset = seq.computed - self.steps
-        seq.finish_step = self.steps + seq.req.num_output - seq.num_out
-        self.num_decoding += 1
-        self.sum_offset += seq.offset
-        self.residues[seq.offset % self.bs] += 1
-        self._tie += 1
-        heapq.heappush(self._finish, (seq.finish_step, self._tie, seq, seq.epoch))
+        self.decoding.add(seq, self.steps)
 
     def shift_decoding(self, seq: Seq, delta: int) -> None:
-        """Move a decoding request's computed count by ``delta`` against the step count (a
-        step it sat out: -1); it finishes that much later."""
-        self.residues[seq.offset % self.bs] -= 1
-        seq.offset += delta
-        self.sum_offset += delta
-        self.residues[seq.offset % self.bs] += 1
-        seq.finish_step -= delta
-        seq.epoch += 1
-        self._tie += 1
-        heapq.heappush(self._finish, (seq.finish_step, self._tie, seq, seq.epoch))
+        """Move a decoding request's computed count by ``delta`` (``DecodingSet.shift``)."""
+        self.decoding.shift(seq, delta)
 
     def stop_decoding(self, seq: Seq) -> None:
         """``seq`` leaves the decoding aggregate (finished, preempted); ``computed`` is set."""
@@ -229,33 +210,11 @@ class EngineModel:
         seq.num_blocks = self.pool.blocks_for(seq.computed)
         seq.num_out = seq.req.num_output - (seq.finish_step - self.steps)
         seq.num_tokens = seq.req.num_prompt + seq.num_out
-        seq.is_decoding = False
-        seq.epoch += 1
-        self.num_decoding -= 1
-        self.sum_offset -= seq.offset
-        self.residues[seq.offset % self.bs] -= 1
+        self.decoding.remove(seq)
 
     def extra_blocks(self, m: int) -> int:
         """Blocks the decoding requests need beyond what they hold to run ``m`` more steps."""
-        bs, s, res = self.bs, self.steps, self.residues
-        extra = (m // bs) * self.num_decoding
-        for j in range(1, m % bs + 1):
-            extra += res[(1 - s - j) % bs]
-        return extra
-
-    def max_steps_for(self, k: int, free: int) -> int:
-        """The most steps (<= k) the decoding requests can run within ``free`` blocks."""
-        bs, b = self.bs, self.num_decoding
-        cycles = min(k // bs, free // b) if b else k // bs
-        m, used = cycles * bs, cycles * b
-        s, res = self.steps, self.residues
-        while m < k:
-            add = res[(1 - s - (m + 1)) % bs]
-            if used + add > free:
-                break
-            used += add
-            m += 1
-        return m
+        return self.decoding.extra_blocks(m, self.steps)
 
     # ---------------------------------------------------------------- the loop
     def _wake(self) -> None:
@@ -307,20 +266,18 @@ class EngineModel:
             self.running[seq] = None
             self.start_decoding(seq)
             joined.append(seq)
-        b = self.num_decoding
+        b = self.decoding.count
         k = 0
         if not self.ready and 0 < b <= s.max_num_batched_tokens and b == len(self.running):
             if not (self.waiting and self._can_admit_head(b)):
-                while self._finish and self._finish[0][3] != self._finish[0][2].epoch:
-                    heapq.heappop(self._finish)  # stale entries of requests that left
-                k = self._finish[0][0] - self.steps
+                k = self.decoding.next_finish_step() - self.steps
                 # A run never evicts a cached prefix: an exact step does it when it must.
-                k = self.max_steps_for(k, self.pool.num_free_uncached)
+                k = self.decoding.max_steps_for(k, self.pool.num_free_uncached, self.steps)
         if k <= 0:
             for seq in reversed(joined):  # back to the ready queue, as if never taken
                 self._unjoin(seq)
             return False
-        context = self.sum_offset + b * (self.steps + 1)  # every context after step 1
+        context = self.decoding.sum_offset + b * (self.steps + 1)  # every context after step 1
         first = self.cost.decode_seconds(b, context)
         slope = self.cost.decode_slope(b)
         self._run = (k, first, slope)
@@ -328,11 +285,7 @@ class EngineModel:
         return True
 
     def _unjoin(self, seq: Seq) -> None:
-        self.num_decoding -= 1
-        self.sum_offset -= seq.offset
-        self.residues[seq.offset % self.bs] -= 1
-        seq.is_decoding = False
-        seq.epoch += 1
+        self.decoding.remove(seq)
         del self.running[seq]
         self.ready.appendleft(seq)
 
@@ -379,7 +332,7 @@ class EngineModel:
     def _end_run(self) -> None:
         k, a, slope = self._run
         t0, t1 = self.t_start, self.loop.now
-        b = self.num_decoding
+        b = self.decoding.count
         taken = self.pool.allocate(self.extra_blocks(k))
         assert taken, "a decode run outgrew its blocks"
         work = k * a + slope * k * (k - 1) / 2
@@ -400,11 +353,7 @@ class EngineModel:
 
     def pop_finished(self) -> None:
         """Decoding requests whose last token came with the step just ended."""
-        fin = self._finish
-        while fin and fin[0][0] <= self.steps:
-            _, _, seq, epoch = heapq.heappop(fin)
-            if epoch != seq.epoch:
-                continue
+        for seq in self.decoding.finished_by(self.steps):
             self.stop_decoding(seq)
             del self.running[seq]
             self.free_blocks(seq, seq.num_blocks)
@@ -415,13 +364,7 @@ class EngineModel:
         """Every block has an owner and the decoding aggregate matches its members (call at
         a step boundary; tests do after every step)."""
         self.pool.check_integrity()
-        decoding = [s for s in self.running if s.is_decoding]
-        assert len(decoding) == self.num_decoding
-        assert sum(s.offset for s in decoding) == self.sum_offset
-        res = [0] * self.bs
-        for s in decoding:
-            res[s.offset % self.bs] += 1
-        assert res == self.residues
+        self.decoding.check([s for s in self.running if s.is_decoding])
         assert set(self.prefilling) == {s for s in self.running if not s.is_decoding}
         private = sum(self.blocks_of(s) - s.num_prefix_blocks for s in self.running)
         private += sum(s.num_blocks - s.num_prefix_blocks for s in self.held)

@@ -59,3 +59,23 @@ def test_a_stalled_worker_is_avoided_even_as_the_last_one() -> None:
     assert _ids(view, "decode") == ["d2"]
     clock.now += 5.1
     assert _ids(view, "decode") == ["d1", "d2"]
+
+
+def test_a_softer_mark_does_not_undo_a_stall_mark_in_force() -> None:
+    """The router saw the last decode worker stall (avoided even as the last); the static
+    source's load poll then timed out and marked it softly: it must stay out of routing
+    (CI: three more migrations onto the stopped worker instead of a clear error)."""
+    clock = Clock()
+    view = ClusterView(FP, clock=clock)
+    view.set_members([info("d1")])
+    view.mark_failed("d1", for_s=5.0, stalled=True)
+    view.mark_failed("d1", for_s=float("inf"))
+    assert _ids(view, "decode") == []
+    clock.now += 5.1
+    assert _ids(view, "decode") == ["d1"]  # soft now: routable as the last one
+    view.mark_failed("d1", for_s=1.0, stalled=True)
+    clock.now += 1.1
+    view.set_members([info("d1"), info("d2")])
+    assert _ids(view, "decode") == ["d2"]  # the soft mark (no end) still holds
+    view.mark_ok("d1")
+    assert _ids(view, "decode") == ["d1", "d2"]

@@ -152,19 +152,28 @@ def test_missed_membership_event_is_repaired_by_the_relist(redis: RedisServer) -
     run(main)
 
 
+async def _two_workers_and_a_router(
+    redis: RedisServer, lease_s: float, interval_s: float, relist_s: float
+) -> tuple[RedisStore, list[WorkerAgent], ClusterView, RedisClusterSource]:
+    """A decode and a prefill worker registered, and a router's view that lists both."""
+    store = RedisStore(redis.url, cluster="t")
+    roles: tuple[tuple[str, WorkerRole], ...] = (("d1", "decode"), ("p1", "prefill"))
+    agents = [
+        WorkerAgent(store, info(w, role), sample(), lease_s=lease_s, interval_s=interval_s)
+        for w, role in roles
+    ]
+    for a in agents:
+        await a.start()
+    view = ClusterView(FP)
+    source = RedisClusterSource(RedisStore(redis.url, cluster="t"), view, relist_s=relist_s)
+    await source.start()
+    await until(lambda: len(view.members()) == 2)
+    return store, agents, view, source
+
+
 def test_redis_restart_rebuilds_the_registry_from_heartbeats(redis: RedisServer) -> None:
     async def main() -> None:
-        store = RedisStore(redis.url, cluster="t")
-        agents = [
-            WorkerAgent(store, info("d1", "decode"), sample(), lease_s=1.0, interval_s=0.1),
-            WorkerAgent(store, info("p1", "prefill"), sample(), lease_s=1.0, interval_s=0.1),
-        ]
-        for a in agents:
-            await a.start()
-        view = ClusterView(FP)
-        source = RedisClusterSource(RedisStore(redis.url, cluster="t"), view, relist_s=0.3)
-        await source.start()
-        await until(lambda: len(view.members()) == 2)
+        store, agents, view, source = await _two_workers_and_a_router(redis, 1.0, 0.1, 0.3)
         redis.restart()  # empty: no persistence
         await until(
             lambda: all(a.stats.reregistrations >= 1 for a in agents),
@@ -196,24 +205,14 @@ def test_after_redis_loses_its_data_no_worker_drops_out_while_it_registers_again
     back, leave at once again."""
 
     async def main() -> None:
-        store = RedisStore(redis.url, cluster="t")
-        agents = [
-            WorkerAgent(store, info("d1", "decode"), sample(), lease_s=8.0, interval_s=1.5),
-            WorkerAgent(store, info("p1", "prefill"), sample(), lease_s=8.0, interval_s=1.5),
-        ]
-        for a in agents:
-            await a.start()
-        view = ClusterView(FP)
-        source = RedisClusterSource(RedisStore(redis.url, cluster="t"), view, relist_s=0.1)
-        await source.start()
-        await until(lambda: len(view.members()) == 2)
-        generation = await source.store.generation()
+        store, agents, view, source = await _two_workers_and_a_router(redis, 8.0, 1.5, 0.1)
+        generation = (await source.store.listing()).generation
         redis.restart()  # empty: no persistence
         seen: list[int] = []
         while not all(a.stats.reregistrations >= 1 for a in agents):
             seen.append(len(view.routable("decode")) + len(view.routable("prefill")))
             await asyncio.sleep(0.02)
-        assert await source.store.generation() != generation
+        assert (await source.store.listing()).generation != generation
         assert seen and min(seen) == 2, seen
         await until(
             lambda: sorted(m.epoch for m in view.members()) == [2, 2],
