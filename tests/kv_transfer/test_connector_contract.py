@@ -203,11 +203,15 @@ def test_decode_queues_requests_it_has_no_room_for(aio, llama, transport) -> Non
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_abort_during_remote_prefill_frees_both_sides(aio, llama, transport) -> None:
     with make_pair(aio, llama, transport) as pair:
-        p = random_prompts(1, 200, 40, 40, seed=22)[0]
+        # 13 chunks of 24 tokens: prefill runs long enough to be seen running.
+        p = random_prompts(1, 200, 300, 300, seed=22)[0]
 
         async def run() -> None:
             task = asyncio.ensure_future(pair.generate("a", p, greedy(50)))
-            while pair.prefill.stats.num_running == 0:  # prefill is computing it
+            deadline = time.monotonic() + 30
+            while pair.prefill.stats.num_running == 0:  # until prefill is computing it
+                assert not task.done(), "the request ended before its prefill was seen running"
+                assert time.monotonic() < deadline, "prefill never started the request"
                 await asyncio.sleep(0.001)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

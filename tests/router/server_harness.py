@@ -1,10 +1,18 @@
-"""Start ``pdserve serve --colocated`` as a real process on loopback and talk to it."""
+"""Start ``pdserve serve`` as a real process on loopback and talk to it with real clients.
+
+``Server`` hands out every client a test needs (httpx, openai, gRPC sync and asyncio, grpcurl
+flags, a raw socket), each carrying what the server asks for (``Access``: the API key, the CA
+to trust, the client certificate), so one test runs unchanged against a plain server and one
+with API keys and TLS on."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -13,8 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import grpc
 import httpx
+import openai
+
+from tests.router.server_access import Access
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # As `pdserve serve --worker-start-timeout-s`: a loaded 2-core machine took 89 s.
@@ -41,17 +54,84 @@ class Server:
     model: str
     lines: list[str]
     colocated: bool = True
-    # httpx options for the harness's own calls (TLS: {"verify": ssl context}).
+    # httpx options for every client the harness makes (TLS: {"verify": ssl context}).
     httpx_options: dict[str, Any] = field(default_factory=dict)
+    access: Access = field(default_factory=Access)
 
     @property
     def num_pools(self) -> int:
         """KV pools behind the router: 1 colocated; decode + prefill when disaggregated."""
         return 1 if self.colocated else 2
 
+    # ------------------------------------------------------------------- clients
+    @functools.cached_property
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """One client context for every HTTPS client (None: plain HTTP)."""
+        return self.access.ssl_context()
+
+    def _httpx_kwargs(self, kw: dict[str, Any]) -> dict[str, Any]:
+        ctx = self._ssl_context
+        out: dict[str, Any] = {"base_url": self.http_url, "timeout": 60.0}
+        if ctx is not None:
+            out["verify"] = ctx
+        out |= self.httpx_options
+        out["headers"] = {**self.access.headers, **kw.pop("headers", {})}
+        return out | kw
+
+    def http(self, **kw: Any) -> httpx.Client:
+        """An httpx client for the HTTP port: base URL, TLS verification, the key (default
+        timeout 60 s; ``kw`` overrides, ``headers`` add to the key's)."""
+        return httpx.Client(**self._httpx_kwargs(kw))
+
+    def async_http(self, **kw: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**self._httpx_kwargs(kw))
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        """One GET on a fresh connection (as ``httpx.get``); ``kw`` as ``httpx.Client.get``."""
+        with self.http(timeout=kw.pop("timeout", 60.0)) as client:
+            return client.get(path, **kw)
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        with self.http(timeout=kw.pop("timeout", 60.0)) as client:
+            return client.post(path, **kw)
+
+    def openai(self, timeout: float = 60.0) -> openai.OpenAI:
+        """The official openai client, with this server's key and TLS; no retries."""
+        ctx = self._ssl_context
+        return openai.OpenAI(
+            base_url=f"{self.http_url}/v1",
+            api_key=self.access.api_key or "unused",
+            max_retries=0,
+            timeout=timeout,
+            http_client=openai.DefaultHttpxClient(verify=ctx) if ctx is not None else None,
+        )
+
+    def grpc_channel(self) -> grpc.Channel:
+        """A gRPC channel to the router: plaintext, or TLS with the key on every call."""
+        creds = self.access.grpc_credentials()
+        if creds is None:
+            return grpc.insecure_channel(self.grpc_address)
+        return grpc.secure_channel(self.grpc_address, creds)
+
+    def grpc_aio_channel(self) -> grpc.aio.Channel:
+        creds = self.access.grpc_credentials()
+        if creds is None:
+            return grpc.aio.insecure_channel(self.grpc_address)
+        return grpc.aio.secure_channel(self.grpc_address, creds)
+
+    def connect(self, timeout_s: float = 5.0) -> socket.socket:
+        """A raw connection to the HTTP port (TLS-wrapped on HTTPS), for bytes no client sends."""
+        url = urlsplit(self.http_url)
+        assert url.hostname is not None and url.port is not None
+        sock = socket.create_connection((url.hostname, url.port), timeout=timeout_s)
+        ctx = self._ssl_context
+        if ctx is None:
+            return sock
+        return ctx.wrap_socket(sock, server_hostname=url.hostname)
+
     def health(self) -> dict[str, Any]:
         """/health's body, also when it says 503 (unavailable, draining)."""
-        r = httpx.get(f"{self.http_url}/health", timeout=10, **self.httpx_options)
+        r = self.get("/health", timeout=10)
         if r.status_code != 503:
             r.raise_for_status()
         return dict(r.json())
@@ -99,21 +179,21 @@ def start_server(
     colocated: bool = True,
     httpx_options: dict[str, Any] | None = None,
     env_extra: dict[str, str] | None = None,
+    access: Access | None = None,
 ) -> Server:
     """Launch on free ports (the server prints them) and wait until /health says ok.
     ``colocated=False`` starts the disaggregated mode (router + prefill + decode processes).
-    ``httpx_options``: how the harness calls /health (e.g. TLS verification); ``env_extra``:
-    added to the server's environment."""
+    ``httpx_options``: added to every httpx client the harness makes (e.g. TLS verification);
+    ``env_extra``: added to the server's environment; ``access``: what the server's security
+    flags ask of clients (its clients carry it)."""
     cmd = [
         "serve", *(["--colocated"] if colocated else []),
         "--model", str(model), "--dtype", "float32", *extra,
     ]  # fmt: skip
-    return launch(cmd, colocated, httpx_options, env_extra)
+    return launch(cmd, colocated, httpx_options, env_extra, access)
 
 
-def start_router(
-    model: Path, decode: Sequence[str], prefill: Sequence[str], *extra: str
-) -> Server:
+def start_router(model: Path, decode: Sequence[str], prefill: Sequence[str], *extra: str) -> Server:
     """``pdserve router`` over running workers (their gRPC targets), on free ports."""
     cmd = ["router", "--model", str(model)]
     for target in decode:
@@ -128,6 +208,7 @@ def launch(
     colocated: bool,
     httpx_options: dict[str, Any] | None = None,
     env_extra: dict[str, str] | None = None,
+    access: Access | None = None,
 ) -> Server:
     """Run ``python -m pdserve ARGS --grpc-port 0 --http-port 0 --served-model-name tiny``
     and wait until it serves and /health says ok."""
@@ -169,7 +250,14 @@ def launch(
         _kill_group(proc)
         raise RuntimeError("server did not start:\n" + "".join(lines))
     server = Server(
-        proc, found["grpc"], found["http"], "tiny", lines, colocated, dict(httpx_options or {})
+        proc,
+        found["grpc"],
+        found["http"],
+        "tiny",
+        lines,
+        colocated,
+        dict(httpx_options or {}),
+        access or Access(),
     )
     deadline = time.monotonic() + 30
     while True:

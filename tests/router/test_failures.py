@@ -28,13 +28,13 @@ SHORT_S = 0.1
 
 @pytest.fixture(scope="module")
 def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
-    with grpc.insecure_channel(server.grpc_address) as channel:
+    with server.grpc_channel() as channel:
         yield pb_grpc.GenerationServiceStub(channel)
 
 
 def _still_serves(server: Server) -> None:
-    r = httpx.post(
-        f"{server.http_url}/v1/completions",
+    r = server.post(
+        "/v1/completions",
         json={"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0, "ignore_eos": True},
         timeout=60,
     )
@@ -93,8 +93,8 @@ def test_bad_http_input(server: Server, path: str, body: Any, status: int, param
     for stream in (False, True):
         if stream and isinstance(body, dict):
             content = json.dumps({**body, "stream": True}).encode()
-        r = httpx.post(
-            f"{server.http_url}/v1/{path}",
+        r = server.post(
+            f"/v1/{path}",
             content=content,
             headers={"content-type": "application/json"},
             timeout=30,
@@ -108,7 +108,7 @@ def test_bad_http_input(server: Server, path: str, body: Any, status: int, param
 
 
 def test_bad_input_through_openai_client_then_serving(server: Server) -> None:
-    client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
+    client = server.openai()
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model="tiny", prompt="hi", temperature=-1)
     with pytest.raises(openai.NotFoundError, match="model"):
@@ -156,7 +156,7 @@ def test_bad_grpc_input(
 def test_grpc_invalid_utf8_is_refused_and_server_keeps_serving(server: Server) -> None:
     # Field 2 (text) with bytes that are not UTF-8: no protobuf library would send this.
     raw = b"\x12\x02\xc3\x28"
-    with grpc.insecure_channel(server.grpc_address) as channel:
+    with server.grpc_channel() as channel:
         call = channel.unary_stream(
             "/pdserve.v1.GenerationService/Generate",
             request_serializer=lambda b: b,
@@ -223,19 +223,17 @@ def _long_http_body(**extra: Any) -> dict[str, Any]:
 
 
 def test_http_timeout_gives_504_and_frees_blocks(server: Server) -> None:
-    r = httpx.post(
-        f"{server.http_url}/v1/completions", json=_long_http_body(timeout=SHORT_S), timeout=30
-    )
+    r = server.post("/v1/completions", json=_long_http_body(timeout=SHORT_S), timeout=30)
     assert r.status_code == 504, r.text
     assert r.json()["error"]["code"] == 504
     server.wait_pool_free()
     # Streaming: the status line has gone out, so the error comes as an event, then [DONE].
-    with httpx.stream(
-        "POST",
-        f"{server.http_url}/v1/completions",
-        json=_long_http_body(timeout=SHORT_S, stream=True),
-        timeout=30,
-    ) as r:
+    with (
+        server.http(timeout=30) as client,
+        client.stream(
+            "POST", "/v1/completions", json=_long_http_body(timeout=SHORT_S, stream=True)
+        ) as r,
+    ):
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == 504
@@ -244,10 +242,8 @@ def test_http_timeout_gives_504_and_frees_blocks(server: Server) -> None:
 
 def test_http_client_disconnect_frees_blocks(server: Server) -> None:
     # Mid-stream: read a few events, then drop the connection.
-    with httpx.Client(timeout=30) as client:
-        with client.stream(
-            "POST", f"{server.http_url}/v1/completions", json=_long_http_body(stream=True)
-        ) as r:
+    with server.http(timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json=_long_http_body(stream=True)) as r:
             lines = r.iter_lines()
             seen = 0
             while seen < 3:
@@ -255,16 +251,14 @@ def test_http_client_disconnect_frees_blocks(server: Server) -> None:
     server.wait_pool_free()
     # Non-streaming: the client gives up waiting and closes the connection.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{server.http_url}/v1/completions",
-            json=_long_http_body(),
-            timeout=httpx.Timeout(30, read=SHORT_S),
+        server.post(
+            "/v1/completions", json=_long_http_body(), timeout=httpx.Timeout(30, read=SHORT_S)
         )
     server.wait_pool_free()
     # Chat, streaming: gone after the first event.
-    with httpx.Client(timeout=30) as client:
+    with server.http(timeout=30) as client:
         body = {**CHAT, "max_tokens": LONG, "ignore_eos": True, "stream": True}
-        with client.stream("POST", f"{server.http_url}/v1/chat/completions", json=body) as r:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
             assert next(r.iter_lines()).startswith("data: ")
     server.wait_pool_free()
     _still_serves(server)

@@ -195,7 +195,7 @@ def _post(client: httpx.Client, path: str, content: bytes) -> httpx.Response:
 @given(case=bodies)
 def test_fuzz_http_bodies(fuzz_server: Server, case: tuple[str, dict[str, Any]]) -> None:
     path, body = case
-    with httpx.Client(base_url=fuzz_server.http_url, timeout=60) as client:
+    with fuzz_server.http(timeout=60) as client:
         content = json.dumps(body, allow_nan=True).encode("utf-8", "surrogatepass")
         r = _post(client, path, content)
         _check_http_answer(r, bool(body.get("stream")) and r.status_code == 200)
@@ -209,7 +209,7 @@ def test_fuzz_http_bodies(fuzz_server: Server, case: tuple[str, dict[str, Any]])
     | st.tuples(st.sampled_from("[{"), st.integers(1, 5000)).map(lambda t: (t[0] * t[1]).encode()),
 )
 def test_fuzz_http_raw_bytes(fuzz_server: Server, path: str, raw: bytes) -> None:
-    with httpx.Client(base_url=fuzz_server.http_url, timeout=60) as client:
+    with fuzz_server.http(timeout=60) as client:
         r = _post(client, path, raw)
         assert r.status_code in OK_STATUSES, (r.status_code, r.text)
         assert r.status_code != 200 or r.json()["choices"]
@@ -295,7 +295,7 @@ GRPC_OK = {
 
 @pytest.fixture(scope="module")
 def channel(fuzz_server: Server) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(fuzz_server.grpc_address) as ch:
+    with fuzz_server.grpc_channel() as ch:
         yield ch
 
 
@@ -361,8 +361,8 @@ def test_schemathesis_against_the_openapi_document(fuzz_server: Server, mode: st
 
 def test_still_serves_after_fuzzing(fuzz_server: Server) -> None:
     """Runs last in this module: the server answers, quickly, with its pool free."""
-    r = httpx.post(
-        f"{fuzz_server.http_url}/v1/completions",
+    r = fuzz_server.post(
+        "/v1/completions",
         json={"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": True},
         timeout=60,
     )

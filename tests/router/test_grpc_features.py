@@ -1,5 +1,5 @@
 """Issue 19 over gRPC (the proto carries the same fields as HTTP): n with per-sequence
-``index``, best_of, penalties, logit bias and structured outputs, against both modes."""
+``index``, best_of, penalties, logit bias and structured outputs, against every mode."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
-    with grpc.insecure_channel(server.grpc_address) as channel:
+    with server.grpc_channel() as channel:
         yield pb_grpc.GenerationServiceStub(channel)
 
 

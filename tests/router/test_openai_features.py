@@ -1,4 +1,4 @@
-"""Issue 19 through the official ``openai`` client against a real server (both modes): n > 1,
+"""Issue 19 through the official ``openai`` client against a real server (every mode): n > 1,
 best_of, batched prompts, penalties, logit_bias, seed, chat logprobs, echo, stop, user,
 structured outputs, tool calls (streaming and not). The walk over every field of the openai
 package's request types is in ``test_openai_fields.py``."""
@@ -10,9 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
-import openai
 import pytest
 
 from engine.structured.spec import StructuredOutput
@@ -55,7 +53,7 @@ TIME: Any = {
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Any:  # Any: the tests send vLLM extras the stubs do not know
-    return openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
+    return server.openai()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +62,7 @@ def offline(llama: Path) -> LLM:
 
 
 def _metric(server: Server, name: str) -> float:
-    text = httpx.get(f"{server.http_url}/metrics", timeout=10).text
+    text = server.get("/metrics", timeout=10).text
     m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.MULTILINE)
     assert m is not None, name
     return float(m.group(1))
@@ -221,7 +219,7 @@ def test_structured_outputs_through_the_openai_client(client: Any, stream: bool)
 def test_twenty_schemas_all_valid(server: Server) -> None:
     """The grammar alone makes a random-weight model's output valid: 100% on >= 20 schemas."""
     assert len(SCHEMAS) >= 20
-    with httpx.Client(base_url=server.http_url, timeout=300) as http:
+    with server.http(timeout=300) as http:
         for i, schema in enumerate(SCHEMAS):
             r = http.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": f"schema {i}"}], "max_tokens": 400,
@@ -289,7 +287,7 @@ def test_tool_calls(client: Any, stream: bool) -> None:
 
 
 def test_tokenize_detokenize_and_models(server: Server, offline: LLM) -> None:
-    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+    with server.http(timeout=30) as http:
         r = http.post("/tokenize", json={"model": "tiny", "prompt": "hello there",
                                          "return_token_strs": True})  # fmt: skip
         body = r.json()
@@ -310,7 +308,7 @@ def test_tokenize_detokenize_and_models(server: Server, offline: LLM) -> None:
 
 
 def test_openapi_documents_every_body(server: Server) -> None:
-    doc = httpx.get(f"{server.http_url}/openapi.json", timeout=10).json()
+    doc = server.get("/openapi.json", timeout=10).json()
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]
@@ -337,7 +335,7 @@ def test_bad_structured_outputs_are_400(server: Server) -> None:
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"n": 2, "best_of": 1}, "best_of"),
     ]  # fmt: skip
-    with httpx.Client(base_url=server.http_url, timeout=30) as http:
+    with server.http(timeout=30) as http:
         for extra, param in cases:
             r = http.post("/v1/chat/completions", json={"messages": CHAT, **extra})
             assert r.status_code == 400, (extra, r.text)
@@ -350,13 +348,13 @@ def test_served_name_aliases_and_the_model_path(llama: Path) -> None:
 
     s = start_server(llama, "--served-model-name", "second", "--max-model-len", "256")
     try:
-        models = httpx.get(f"{s.http_url}/v1/models", timeout=10).json()["data"]
+        models = s.get("/v1/models", timeout=10).json()["data"]
         assert [m["id"] for m in models] == ["tiny", "second"]  # the harness names it "tiny"
         for name in ("tiny", "second", str(llama)):
-            r = httpx.post(f"{s.http_url}/v1/completions", timeout=60,
-                           json={"model": name, "prompt": "hi", "max_tokens": 2})  # fmt: skip
+            r = s.post("/v1/completions", timeout=60,
+                       json={"model": name, "prompt": "hi", "max_tokens": 2})  # fmt: skip
             assert r.status_code == 200, (name, r.text)
-        r = httpx.post(f"{s.http_url}/v1/completions", json={"model": "third", "prompt": "hi"})
+        r = s.post("/v1/completions", json={"model": "third", "prompt": "hi"})
         assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     finally:
         assert s.stop() == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-import httpx
 import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
@@ -98,7 +97,7 @@ def test_every_openai_field_is_implemented_or_refused(
     server: Server, path: str, base: dict[str, Any], table: dict[str, Any], typed: Any
 ) -> None:
     assert set(table) == _openai_fields(typed), "classify every field of the openai package"
-    with httpx.Client(base_url=server.http_url, timeout=120) as http:
+    with server.http(timeout=120) as http:
         for name, (extra, expect) in table.items():
             r = http.post(f"/v1/{path}", json={**base, **extra})
             if expect == "ok":

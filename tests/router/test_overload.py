@@ -49,8 +49,8 @@ async def _wait_inflight(client: httpx.AsyncClient, n: int, timeout_s: float = 3
         await asyncio.sleep(0.02)
 
 
-async def _grpc_generate(address: str) -> grpc.aio.AioRpcError | None:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def _grpc_generate(server: Server) -> grpc.aio.AioRpcError | None:
+    async with server.grpc_aio_channel() as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         try:
             async for _ in stub.Generate(pb.GenerateRequest(text="hi"), timeout=30):
@@ -62,7 +62,7 @@ async def _grpc_generate(address: str) -> grpc.aio.AioRpcError | None:
 
 def _check_overload(server: Server) -> None:
     async def main() -> tuple[list[httpx.Response], list[httpx.Response], Any, float]:
-        async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as client:
+        async with server.async_http(timeout=120) as client:
             # One long request runs (one slot: --max-num-seqs 1); two short ones wait behind it.
             admitted = [
                 asyncio.create_task(client.post("/v1/completions", json=_body(ADMITTED[0])))
@@ -74,7 +74,7 @@ def _check_overload(server: Server) -> None:
             ]
             await _wait_inflight(client, MAX_QUEUE)
             start = time.monotonic()
-            grpc_try = asyncio.create_task(_grpc_generate(server.grpc_address))
+            grpc_try = asyncio.create_task(_grpc_generate(server))
             rejected = await asyncio.gather(
                 *(client.post("/v1/completions", json=_body(4)) for _ in range(4)),
                 *(
@@ -101,7 +101,7 @@ def _check_overload(server: Server) -> None:
     assert [r.json()["usage"]["completion_tokens"] for r in done] == ADMITTED
     health = server.wait_pool_free()
     assert health["num_rejected_requests"] >= 9
-    r = httpx.post(f"{server.http_url}/v1/completions", json=_body(2), timeout=60)
+    r = server.post("/v1/completions", json=_body(2), timeout=60)
     assert r.status_code == 200
 
 
@@ -120,7 +120,7 @@ def _check_priority(server: Server) -> None:
                         first_token[name] = time.monotonic()
             finished[name] = time.monotonic()
 
-        async with httpx.AsyncClient(base_url=server.http_url, timeout=120) as client:
+        async with server.async_http(timeout=120) as client:
             # Nearly max_model_len (2048): it must outlast queueing two more requests.
             head = asyncio.create_task(run(client, "head", _body(2000, stream=True)))
             while "head" not in first_token:
