@@ -8,11 +8,13 @@ cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # System packages: prometheus + promtool (tests/observability), redis-server (control plane),
-# a C++ compiler for the compiled CPU kernels (kernels/cpu; build-essential brings g++).
+# a C++ compiler for the compiled CPU kernels (kernels/cpu; build-essential brings g++), and
+# ss (iproute2: tests/faults/test_transfer_faults.py closes KV connections with ss -K).
 missing=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v "${CXX:-c++}" >/dev/null || missing+=(build-essential)
+command -v ss >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
