@@ -24,13 +24,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.faults.clients import Outcome, grpc_generate
 from tests.faults.cluster import Cluster, start_cluster
+from tests.faults.migration_mix import migrations
 from tests.hf_oracle import hf_greedy
 from tests.services.workers import WorkerProcess
 
@@ -88,18 +87,8 @@ def _freeze_mid_transfer(cluster: Cluster, role: str, base_blocks: float) -> Wor
     return victim
 
 
-def _migrations(cluster: Cluster) -> dict[tuple[str, str], float]:
-    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
-    return {
-        (s.labels["phase"], s.labels["reason"]): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "pdserve_migrations_total" and s.value
-    }
-
-
 def _prefill_migrations(cluster: Cluster) -> float:
-    return sum(n for (phase, _), n in _migrations(cluster).items() if phase == "prefill")
+    return sum(n for (phase, _), n in migrations(cluster).items() if phase == "prefill")
 
 
 def _run(cluster: Cluster, model: Path, base: int, role: str, fault: Fault) -> None:
@@ -131,7 +120,7 @@ def _run(cluster: Cluster, model: Path, base: int, role: str, fault: Fault) -> N
         assert out.token_ids == expected[i], i
     cluster.wait_pools_free(timeout_s=30)
     # The faulty attempts moved (before any token: the prefill phase of migration).
-    assert _prefill_migrations(cluster) > before, _migrations(cluster)
+    assert _prefill_migrations(cluster) > before, migrations(cluster)
 
 
 def _kill(cluster: Cluster, w: WorkerProcess) -> None:
