@@ -147,9 +147,13 @@ class ClusterRouter:
             await self._store.close()
 
     # ------------------------------------------------------------------ routing
-    async def route(self, request_id: str, prompt_ids: Sequence[int]) -> Route:
+    async def route(
+        self, request_id: str, prompt_ids: Sequence[int], prefer_decode: str | None = None
+    ) -> Route:
         """Choose and reserve; raises RequestError(UNAVAILABLE) naming the pool that has no
-        routable worker."""
+        routable worker. ``prefer_decode``: that decode worker first when it is routable and
+        has room (a migrated request whose prefill failed: that worker kept the part of its
+        KV that arrived)."""
         decode = self.view.views("decode")
         if not decode:
             raise self._unavailable("decode")
@@ -166,6 +170,13 @@ class ClusterRouter:
         except NoWorkerError:
             raise self._unavailable("decode") from None
         ranked = list(choice.decode_ranking)
+        if prefer_decode is not None and any(v.info.worker_id == prefer_decode for v in decode):
+            # First even when the policy left it out (its load share is over the cap: the
+            # failed attempt may still count there): its KV is what the retry lacks.
+            ranked = [
+                (prefer_decode, 0.0),
+                *(ranking for ranking in ranked if ranking[0] != prefer_decode),
+            ]
         num_blocks = request.num_prompt_blocks
         chosen = await self.ledger.reserve(request_id, num_blocks, ranked)
         if chosen is None:  # nobody has room now: decode queues it (never refused for room)

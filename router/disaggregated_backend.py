@@ -160,10 +160,18 @@ class DisaggregatedBackend:
         acc = OutputAccumulator(rid, ids, request.prompt)
         migrations = Migrations(self._migration_limit, self.migration_stats)
         failure: WorkerFailure | None = None
+        decoded_on: list[str] = []  # each attempt's decode worker
         try:
             while True:
                 streamed = len(acc.token_ids)
-                attempt = self._attempt(request, ids, acc, migrations, failure)
+                # A failure that is not the decode worker's (the prefill worker died, stalled
+                # or gave up) leaves on it the blocks that arrived whole: go back there.
+                prefer = (
+                    decoded_on[-1]
+                    if failure is not None and decoded_on and failure.worker_id != decoded_on[-1]
+                    else None
+                )
+                attempt = self._attempt(request, ids, acc, migrations, failure, prefer, decoded_on)
                 try:
                     async with contextlib.aclosing(attempt):  # its calls end with this one
                         async for out in attempt:
@@ -198,9 +206,12 @@ class DisaggregatedBackend:
         acc: OutputAccumulator,
         migrations: Migrations,
         failure: WorkerFailure | None,
+        prefer_decode: str | None,
+        decoded_on: list[str],
     ) -> AsyncGenerator[RequestOutput, None]:
         """One try at the request on one (decode, prefill) pair: from the start, or, after a
-        ``failure``, from the tokens ``acc`` already streamed (the workers resume it)."""
+        ``failure``, from the tokens ``acc`` already streamed (the workers resume it). The
+        decode worker it opens is appended to ``decoded_on``."""
         rid = request.request_id
         if rid in self._aborted:  # aborted between two attempts
             raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
@@ -209,10 +220,11 @@ class DisaggregatedBackend:
         resume = wpb.Resume(num_generated_tokens=len(done), emitted_text=acc.text) if done else None
         worker_rid = rid if migrations.count == 0 else f"{rid}.m{migrations.count}"
         try:
-            route = await self.cluster.route(worker_rid, context)
+            route = await self.cluster.route(worker_rid, context, prefer_decode)
             route, call, first = await self._open_decode(
                 route, request, context, resume, worker_rid
             )
+            decoded_on.append(route.decode[0].worker_id)
         except RequestError as e:
             self._calls.pop(rid, None)
             if failure is not None and not isinstance(e, WorkerFailure):

@@ -6,10 +6,11 @@ gets its whole answer, equal to Hugging Face's greedy output token for token (th
 migrates, issue 15), and afterwards every live pool is fully free: the blocks a half-done
 transfer wrote on decode, and the blocks the push read on prefill, all have a way back.
 
-"Mid-transfer" is checked, not hoped for: each fault first freezes the worker (SIGSTOP) as
-soon as decode has received part of the prompts' KV, checks that transfers are open and some
-blocks are still to come, and only then applies the fault itself. Prefill runs 16-token
-chunks so a prompt's transfer spans many steps.
+"Mid-transfer" is made certain, not hoped for: the prefill worker that opens a transfer is
+frozen (SIGSTOP) and run in short pulses until decode holds part of the prompts' KV; the
+test checks that reservations still wait for the rest, and only then applies the fault (to
+that prefill worker, or to a decode worker it is pushing into). Prefill runs 16-token chunks
+so a prompt's transfer spans many steps.
 """
 
 from __future__ import annotations
@@ -39,22 +40,23 @@ NUM_REQUESTS = 4
 PROMPT_TOKENS = 800  # 50 blocks of 16, 50 prefill chunks of 16 tokens each
 MAX_TOKENS = 24
 BLOCK_SIZE = 16
+PULSE_S = 0.01  # how long a frozen prefill worker runs between checks
 
 # What to do to the frozen worker, once the transfer is seen open.
 Fault = Callable[[Cluster, WorkerProcess], None]
 
 
-def _prompts(base: int) -> list[list[int]]:
+def _prompts(base: int, num_requests: int) -> list[list[int]]:
     """Prompts no worker has cached (``base`` differs per scenario)."""
     return [
         [3 + (base * 101 + r * 37 + i * 11) % 190 for i in range(PROMPT_TOKENS)]
-        for r in range(NUM_REQUESTS)
+        for r in range(num_requests)
     ]
 
 
-def _received_blocks(decode: list[WorkerProcess]) -> float:
-    """KV blocks these decode workers received so far."""
-    return sum(w.metrics().get("pdserve_kv_transfer_blocks_total", 0.0) for w in decode)
+def _received(w: WorkerProcess) -> float:
+    """KV blocks decode worker ``w`` received so far."""
+    return w.metrics().get("pdserve_kv_transfer_blocks_total", 0.0)
 
 
 def _open_transfers(workers: list[WorkerProcess]) -> int:
@@ -62,28 +64,36 @@ def _open_transfers(workers: list[WorkerProcess]) -> int:
     return sum(w.load().num_reservations for w in workers)
 
 
-def _freeze_mid_transfer(cluster: Cluster, role: str, base_blocks: float) -> WorkerProcess:
-    """As soon as decode has received some of the prompts' KV, SIGSTOP a worker of ``role``
-    with a transfer open, and check that the transfer is still under way: the other side
-    still has transfers open, and (prefill frozen) not every block has arrived."""
-    total = NUM_REQUESTS * (PROMPT_TOKENS // BLOCK_SIZE)
-    workers = cluster.prefill if role == "prefill" else cluster.decode
+def _freeze_mid_transfer(cluster: Cluster, role: str, num_requests: int) -> WorkerProcess:
+    """Freeze (SIGSTOP) a worker of ``role`` in the middle of a transfer, and return it.
+
+    The prefill worker that first has a transfer open is stopped at once and then run in
+    short pulses until decode has received some blocks: stopped, its transfers stay open, so
+    it is mid-transfer for certain (a tiny model's prefill is over in a blink, faster than a
+    poll could catch it running). For ``role == "decode"`` the decode worker those blocks
+    went to is then stopped, and the prefill worker runs on, pushing into it."""
+    base = {w.target: _received(w) for w in cluster.decode}
     deadline = time.monotonic() + 60
-    while True:
-        assert time.monotonic() < deadline, "no transfer was seen open"
-        if _received_blocks(cluster.decode) > base_blocks:
-            busy = [w for w in workers if _open_transfers([w]) > 0]
-            if busy:
-                victim = busy[0]
-                victim.pause()
-                break
-        time.sleep(0.01)
+    while not (busy := [w for w in cluster.prefill if _open_transfers([w]) > 0]):
+        assert time.monotonic() < deadline, "no prefill worker opened a transfer"
+        time.sleep(0.005)
+    producer = busy[0]
+    producer.pause()
+    while not (grew := [w for w in cluster.decode if _received(w) > base[w.target]]):
+        assert time.monotonic() < deadline, "no KV block arrived"
+        producer.resume()
+        time.sleep(PULSE_S)
+        producer.pause()
+    received = sum(_received(w) - base[w.target] for w in cluster.decode)
+    total = num_requests * (PROMPT_TOKENS // BLOCK_SIZE)
+    assert 0 < received < total, (received, total)
+    waiting = [w for w in grew if _open_transfers([w]) > 0]
+    assert waiting, "no decode worker holds a reservation still waiting for KV"
     if role == "prefill":
-        received = _received_blocks(cluster.decode) - base_blocks
-        assert 0 < received < total, (received, total)
-        assert _open_transfers(cluster.decode) > 0, "decode holds no reservation waiting for KV"
-    else:
-        assert _open_transfers(cluster.prefill) > 0, "prefill has no transfer open"
+        return producer
+    victim = waiting[0]
+    victim.pause()
+    producer.resume()
     return victim
 
 
@@ -91,19 +101,25 @@ def _prefill_migrations(cluster: Cluster) -> float:
     return sum(n for (phase, _), n in migrations(cluster).items() if phase == "prefill")
 
 
-def _run(cluster: Cluster, model: Path, base: int, role: str, fault: Fault) -> None:
+def _run(
+    cluster: Cluster,
+    model: Path,
+    base: int,
+    role: str,
+    fault: Fault,
+    num_requests: int = NUM_REQUESTS,
+) -> None:
     """Send the prompts side by side, freeze a ``role`` worker mid-transfer, apply ``fault``
     to it; every client gets HF's greedy tokens, and every live pool ends fully free."""
-    prompts = _prompts(base)
+    prompts = _prompts(base, num_requests)
     expected = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
-    base_blocks = _received_blocks(cluster.decode)
     before = _prefill_migrations(cluster)
 
     async def scenario() -> list[Outcome]:
         async with grpc.aio.insecure_channel(cluster.router.grpc_address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
             tasks = [asyncio.ensure_future(grpc_generate(stub, p, MAX_TOKENS)) for p in prompts]
-            victim = await asyncio.to_thread(_freeze_mid_transfer, cluster, role, base_blocks)
+            victim = await asyncio.to_thread(_freeze_mid_transfer, cluster, role, num_requests)
             await asyncio.to_thread(fault, cluster, victim)
             return await asyncio.wait_for(asyncio.gather(*tasks), 180)
 
@@ -191,12 +207,26 @@ def _cluster(model: Path) -> AbstractContextManager[Cluster]:
     )
 
 
+def _skipped_blocks(cluster: Cluster) -> float:
+    """Blocks the prefill workers did not send: decode held them already."""
+    return sum(
+        w.metrics().get("pdserve_kv_transfer_skipped_blocks_total", 0.0)
+        for w in cluster.prefill
+        if w.is_alive
+    )
+
+
 def test_prefill_stopped_or_killed_mid_transfer(llama: Path) -> None:
     """Stopped: decode's lease on the half-written reservations expires unrenewed, the
-    requests prefill again on the other prefill worker; killed: the same at once."""
+    requests prefill again on the other prefill worker; killed: the same at once. A single
+    request caught mid-transfer shows the resume: its retry goes back to the same decode
+    worker, which kept the blocks that arrived whole, and only the rest travel."""
     with _cluster(llama) as cluster:
         _run(cluster, llama, base=1, role="prefill", fault=_stay_stopped)
-        _run(cluster, llama, base=2, role="prefill", fault=_kill)
+        skipped = _skipped_blocks(cluster)
+        _run(cluster, llama, base=2, role="prefill", fault=_stay_stopped, num_requests=1)
+        assert _skipped_blocks(cluster) > skipped, "the retry sent every block again"
+        _run(cluster, llama, base=3, role="prefill", fault=_kill)
 
 
 def test_decode_stopped_or_killed_mid_transfer(llama: Path) -> None:
@@ -204,8 +234,8 @@ def test_decode_stopped_or_killed_mid_transfer(llama: Path) -> None:
     worker; prefill's pushes into the stopped one end by their deadline or when it runs
     again. Killed: prefill's pushes fail at once."""
     with _cluster(llama) as cluster:
-        _run(cluster, llama, base=3, role="decode", fault=_stay_stopped)
-        _run(cluster, llama, base=4, role="decode", fault=_kill)
+        _run(cluster, llama, base=4, role="decode", fault=_stay_stopped)
+        _run(cluster, llama, base=5, role="decode", fault=_kill)
 
 
 def test_kv_connections_closed_mid_transfer(llama: Path) -> None:
@@ -213,4 +243,4 @@ def test_kv_connections_closed_mid_transfer(llama: Path) -> None:
     if why is not None:
         pytest.skip(f"cannot close another process's TCP connection here: {why}")
     with _cluster(llama) as cluster:
-        _run(cluster, llama, base=5, role="prefill", fault=_cut_kv_connections)
+        _run(cluster, llama, base=6, role="prefill", fault=_cut_kv_connections)
