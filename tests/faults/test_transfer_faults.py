@@ -6,8 +6,8 @@ gets its whole answer, equal to Hugging Face's greedy output token for token (th
 migrates, issue 15), and afterwards every live pool is fully free: the blocks a half-done
 transfer wrote on decode, and the blocks the push read on prefill, all have a way back.
 
-"Mid-transfer" is made certain, not hoped for: the prefill worker that opens a transfer is
-frozen (SIGSTOP) and run in short pulses until decode holds part of the prompts' KV; the
+"Mid-transfer" is made certain, not hoped for: the prefill workers are frozen (SIGSTOP)
+before the requests go out and run in short pulses until decode holds part of the KV; the
 test checks that reservations still wait for the rest, and only then applies the fault (to
 that prefill worker, or to a decode worker it is pushing into). Prefill runs 16-token chunks
 so a prompt's transfer spans many steps.
@@ -16,6 +16,7 @@ so a prompt's transfer spans many steps.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import subprocess
 import sys
@@ -64,30 +65,35 @@ def _open_transfers(workers: list[WorkerProcess]) -> int:
     return sum(w.load().num_reservations for w in workers)
 
 
-def _freeze_mid_transfer(cluster: Cluster, role: str, num_requests: int) -> WorkerProcess:
+def _freeze_mid_transfer(
+    cluster: Cluster, role: str, num_requests: int, base: dict[str, float]
+) -> WorkerProcess:
     """Freeze (SIGSTOP) a worker of ``role`` in the middle of a transfer, and return it.
 
-    The prefill worker that first has a transfer open is stopped at once and then run in
-    short pulses until decode has received some blocks: stopped, its transfers stay open, so
-    it is mid-transfer for certain (a tiny model's prefill is over in a blink, faster than a
-    poll could catch it running). For ``role == "decode"`` the decode worker those blocks
-    went to is then stopped, and the prefill worker runs on, pushing into it."""
-    base = {w.target: _received(w) for w in cluster.decode}
+    Every prefill worker is stopped before the requests are sent (``_run``); here each runs
+    in turn for a short pulse until decode has received some blocks from one of them: that
+    one (the producer) stays stopped with its transfers open, mid-transfer for certain (a
+    tiny model's prefill is over faster than a poll could catch it running), and the others
+    run on. For ``role == "decode"`` the decode worker holding a reservation still waiting
+    for KV is then stopped, and the producer runs on, pushing into it."""
     deadline = time.monotonic() + 60
-    while not (busy := [w for w in cluster.prefill if _open_transfers([w]) > 0]):
-        assert time.monotonic() < deadline, "no prefill worker opened a transfer"
-        time.sleep(0.005)
-    producer = busy[0]
-    producer.pause()
-    while not (grew := [w for w in cluster.decode if _received(w) > base[w.target]]):
-        assert time.monotonic() < deadline, "no KV block arrived"
-        producer.resume()
-        time.sleep(PULSE_S)
-        producer.pause()
+    producer: WorkerProcess | None = None
+    while producer is None:
+        for w in cluster.prefill:
+            assert time.monotonic() < deadline, "no KV block arrived"
+            w.resume()
+            time.sleep(PULSE_S)
+            w.pause()
+            if any(_received(d) > base[d.target] for d in cluster.decode):
+                producer = w
+                break
+    for w in cluster.prefill:
+        if w is not producer:
+            w.resume()
     received = sum(_received(w) - base[w.target] for w in cluster.decode)
     total = num_requests * (PROMPT_TOKENS // BLOCK_SIZE)
     assert 0 < received < total, (received, total)
-    waiting = [w for w in grew if _open_transfers([w]) > 0]
+    waiting = [w for w in cluster.decode if _open_transfers([w]) > 0]
     assert waiting, "no decode worker holds a reservation still waiting for KV"
     if role == "prefill":
         return producer
@@ -118,8 +124,12 @@ def _run(
     async def scenario() -> list[Outcome]:
         async with grpc.aio.insecure_channel(cluster.router.grpc_address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
+            base = {w.target: _received(w) for w in cluster.decode}
+            for w in cluster.prefill:
+                w.pause()  # _freeze_mid_transfer runs them in pulses
             tasks = [asyncio.ensure_future(grpc_generate(stub, p, MAX_TOKENS)) for p in prompts]
-            victim = await asyncio.to_thread(_freeze_mid_transfer, cluster, role, num_requests)
+            freeze = functools.partial(_freeze_mid_transfer, cluster, role, num_requests, base)
+            victim = await asyncio.to_thread(freeze)
             await asyncio.to_thread(fault, cluster, victim)
             return await asyncio.wait_for(asyncio.gather(*tasks), 180)
 
