@@ -30,6 +30,7 @@ from pdserve.plan.transfer_model import KvLink
 from router.routing import NoWorkerError, make_policy
 
 Recorder = FullRecorder | CompactRecorder
+Ranking = tuple[tuple[str, float], ...]  # RouteChoice.decode_ranking
 
 
 class Cluster:
@@ -155,10 +156,10 @@ class Cluster:
         except NoWorkerError as e:
             self._fail(req, str(e))
             return
-        ranking = [name for name, _ in choice.decode_ranking]
+        ranking = choice.decode_ranking  # (worker, cost) pairs: read as far as needed
         if choice.prefill_id is None:
             self.num_routed_local += 1
-            w = self.workers[ranking[0]]
+            w = self.workers[ranking[0][0]]
             req.decode_id = w.name
             self.router.sent(w, w.pool.blocks_for(req.num_prompt), 0)
             w.post(_add, (w, Seq(req, FULL)))
@@ -168,12 +169,12 @@ class Cluster:
     def _capacity_tokens(self) -> int:
         return self._capacity  # pools never change size
 
-    def _reserve(self, arg: tuple[SimRequest, list[str], int, str]) -> None:
+    def _reserve(self, arg: tuple[SimRequest, Ranking, int, str]) -> None:
         req, ranking, i, prefill_id = arg
-        w = self.workers[ranking[i]]
+        w = self.workers[ranking[i][0]]
         w.post(self._reserve_on, (w, Seq(req, REMOTE), ranking, i, prefill_id))
 
-    def _reserve_on(self, arg: tuple[EngineModel, Seq, list[str], int, str]) -> None:
+    def _reserve_on(self, arg: tuple[EngineModel, Seq, Ranking, int, str]) -> None:
         w, seq, ranking, i, prefill_id = arg
         req = seq.req
         if not w.reserve(seq):
@@ -189,6 +190,7 @@ class Cluster:
         self.router.sent(w, seq.num_blocks, 0)
         self.router.sent(p, 0, req.num_prompt)
         self.queued_tokens[p.name] += req.num_prompt
+        self.router.changed(p)
         export = Seq(req, EXPORT)
         export.peer = (w, seq)
         export.skipped_blocks = seq.skipped_blocks
@@ -229,6 +231,7 @@ class Cluster:
     def _landed(self, arg: tuple[EngineModel, Seq, EngineModel, Seq]) -> None:
         prefill, pseq, decode, dseq = arg
         self.queued_tokens[prefill.name] -= pseq.req.num_prompt
+        self.router.changed(prefill)
         prefill.post(_release, (prefill, pseq))
         decode.post(_admit, (decode, dseq))
 

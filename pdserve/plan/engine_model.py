@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from pdserve.plan.cost_model import StepCost, SwapCost
 from pdserve.plan.cpu_share import Lane
+from pdserve.plan.decode_run import DecodeRun
 from pdserve.plan.decoding_set import DecodingSet
 from pdserve.plan.events import EventLoop
 from pdserve.plan.kv_pool import KvPool
@@ -96,9 +97,11 @@ class EngineModel:
         self.t_start = 0.0
         self.chunks: list[tuple[Seq, int]] = []
         self.skipped: list[Seq] = []  # decoding requests the last exact step's budget missed
-        self._run = (0, 0.0, 0.0)  # k, first step's work, per-step growth
+        self._run = DecodeRun(0, 0.0, 0.0)  # the current (or last) decode run
         self._in_wake = False
         self._boundary_in_use = 0
+        # Told after anything a load report reads may have changed (the router's view).
+        self.on_load_change: Callable[[], None] | None = None
         # Counters for the report.
         self.busy_s = 0.0
         self.num_steps_run = 0
@@ -115,6 +118,8 @@ class EngineModel:
                 self._wake()
         elif self._job == "run":
             self._cut_run()
+            if self.on_load_change is not None:
+                self.on_load_change()
 
     def add(self, seq: Seq) -> None:
         """Queue a FULL or EXPORT request (call through ``post``)."""
@@ -188,6 +193,11 @@ class EngineModel:
     def is_idle(self) -> bool:
         return self._job is None
 
+    @property
+    def in_decode_run(self) -> bool:
+        """In a decode run: ``num_blocks_in_use`` grows with time, without an event."""
+        return self._job == "run"
+
     def computed_of(self, seq: Seq) -> int:
         return seq.offset + self.steps if seq.is_decoding else seq.computed
 
@@ -236,6 +246,8 @@ class EngineModel:
                 self._begin("step", work)
         finally:
             self._in_wake = False
+            if self.on_load_change is not None:
+                self.on_load_change()
 
     def _begin(self, job: str, work: float) -> None:
         self._job = job
@@ -280,8 +292,8 @@ class EngineModel:
         context = self.decoding.sum_offset + b * (self.steps + 1)  # every context after step 1
         first = self.cost.decode_seconds(b, context)
         slope = self.cost.decode_slope(b)
-        self._run = (k, first, slope)
-        self._begin("run", k * first + slope * k * (k - 1) / 2)
+        self._run = DecodeRun(k, first, slope)
+        self._begin("run", self._run.work(k))
         return True
 
     def _unjoin(self, seq: Seq) -> None:
@@ -300,16 +312,6 @@ class EngineModel:
         plan = admission(self, self.waiting[0], s.max_num_batched_tokens - num_decode_tokens)
         return plan is not None and plan[2] + self.extra_blocks(1) <= self.pool.num_free
 
-    def _run_steps(self) -> float:
-        """Steps of the current run done by now, as a real number (work solved for m in
-        ``m a + slope m (m - 1) / 2``)."""
-        k, a, slope = self._run
-        done = self.lane.work_done()
-        if slope > 0:
-            h = a - slope / 2
-            return (-h + math.sqrt(h * h + 2 * slope * done)) / slope
-        return done / a if a > 0 else float(k)
-
     @property
     def num_blocks_in_use(self) -> int:
         """KV blocks in use as of the last step's end (what a load report says)."""
@@ -317,25 +319,30 @@ class EngineModel:
             return self.pool.num_in_use
         if self._job == "step":
             return self._boundary_in_use  # before this step took its blocks
-        done = min(self._run[0], math.floor(self._run_steps() + 1e-9))
-        return self.pool.num_in_use + self.extra_blocks(done)
+        run = self._run
+        done = run.steps_done(self.lane.work_done())
+        if done != run.blocks_at:  # nothing else moves during a run: keep it
+            run.blocks_at = done
+            run.blocks = self.pool.num_in_use + self.extra_blocks(done)
+        return run.blocks
 
     def _cut_run(self) -> None:
         """End the run at the end of the step in progress (a command is waiting)."""
-        k, a, slope = self._run
-        m = max(1, min(k, math.ceil(self._run_steps() - 1e-9)))
-        if m == k:
+        run = self._run
+        m = max(1, min(run.k, math.ceil(run.steps(self.lane.work_done()) - 1e-9)))
+        if m == run.k:
             return
-        self._run = (m, a, slope)
-        self.lane.set_total(m * a + slope * m * (m - 1) / 2)
+        run.k = m
+        self.lane.set_total(run.work(m))
 
     def _end_run(self) -> None:
-        k, a, slope = self._run
+        run = self._run
+        k, a, slope = run.k, run.a, run.slope
         t0, t1 = self.t_start, self.loop.now
         b = self.decoding.count
         taken = self.pool.allocate(self.extra_blocks(k))
         assert taken, "a decode run outgrew its blocks"
-        work = k * a + slope * k * (k - 1) / 2
+        work = run.work(k)
         scale = (t1 - t0) / work if work > 0 else 0.0
         self.sink.gaps(a * scale, (a + slope * (k - 1)) * scale, k, b)
         if self.record_tokens:

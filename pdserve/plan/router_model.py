@@ -12,6 +12,11 @@ How fresh the view is (``load_view``):
 
 A worker's view is refreshed the first time a decision needs it in each interval (no event
 per worker per interval, so a 512-worker run pays nothing for workers it does not route to).
+Handing the policy every worker (the default), each pool's list is a ``LoadBoard``: a poll
+re-reads only the workers that did something since the last one (a worker tells its board:
+``EngineModel.on_load_change``) and those in a decode run (their reported blocks grow with
+time); the others' candidates are still what a re-read would give. Sampled pools
+(``candidates``) re-read each sampled worker in turn.
 
 ``candidates`` > 0 hands the policy a random sample of that many workers per pool (plus
 every worker caching the request's prefix group) instead of the whole pool: the policies
@@ -23,10 +28,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Literal
 
 from pdserve.plan.engine_model import EngineModel
 from pdserve.plan.events import EventLoop
+from pdserve.plan.load_board import LoadBoard
 from pdserve.plan.sim_request import SimRequest
 from router.routing import RouteCandidate, RouteChoice, RouteRequest, RoutingPolicy
 
@@ -37,10 +44,13 @@ LOAD_VIEWS: tuple[str, ...] = ("exact", "polled", "reported")
 class _View:
     """One worker as the router sees it."""
 
-    __slots__ = ("candidate", "epoch", "key", "sent_active", "sent_blocks", "sent_tokens", "w")
+    __slots__ = ("board", "candidate", "epoch", "index", "key", "sent_active", "sent_blocks",
+                 "sent_tokens", "w")
 
-    def __init__(self, w: EngineModel) -> None:
+    def __init__(self, w: EngineModel, index: int) -> None:
         self.w = w
+        self.index = index  # in its pool
+        self.board: LoadBoard[RouteCandidate] | None = None  # its pool's, when not sampled
         self.epoch = -1
         self.key: tuple[int, int, int] = (-1, -1, -1)
         self.candidate = RouteCandidate(w.name, w.pool.num_blocks, 0, 0, 0)
@@ -74,12 +84,14 @@ class RouterModel:
         self.num_candidates = candidates
         self._queued = queued_tokens
         self._groups = group_index
-        self._decode = [_View(w) for w in decode]
-        self._prefill = [_View(w) for w in prefill]
+        self._decode = [_View(w, i) for i, w in enumerate(decode)]
+        self._prefill = [_View(w, i) for i, w in enumerate(prefill)]
         self._by_name = {v.w.name: v for v in self._decode + self._prefill}
         self._rng = random.Random(f"{seed}/router-sample")
         self.num_decisions = 0
-        self._lists: dict[int, tuple[int, list[RouteCandidate]]] = {}
+        self._decode_board = self._board(self._decode)
+        self._prefill_board = self._board(self._prefill)
+        self._epochs = [-1, -1]  # each board's last poll
 
     def choose(self, req: SimRequest) -> RouteChoice:
         """The policy's choice for ``req`` (NoWorkerError from the policy propagates)."""
@@ -91,8 +103,8 @@ class RouterModel:
                 cached[name] = min(blocks, limit)
         request = RouteRequest(req.num_prompt, self.block_size, cached)
         epoch = -1 if self.load_view == "exact" else int(self.loop.now / self.interval)
-        decode = self._candidates(self._decode, epoch, cached)
-        prefill = self._candidates(self._prefill, epoch, cached)
+        decode = self._candidates(self._decode, self._decode_board, 0, epoch, cached)
+        prefill = self._candidates(self._prefill, self._prefill_board, 1, epoch, cached)
         return self.policy.choose(request, decode, prefill)
 
     def sent(self, worker: EngineModel, num_blocks: int, num_prefill_tokens: int) -> None:
@@ -104,45 +116,79 @@ class RouterModel:
         v.sent_active += 1
         v.sent_blocks += num_blocks
         v.sent_tokens += num_prefill_tokens
+        if v.board is not None:
+            v.board.put(v.index, self._seen(v))
+            v.board.mark(v.index)  # the next poll drops the sends again
+
+    def changed(self, worker: EngineModel) -> None:
+        """Something the view reads of ``worker`` changed outside its own events (the
+        prefill tokens queued there)."""
+        v = self._by_name[worker.name]
+        if v.board is not None:
+            v.board.mark(v.index)
+
+    # ------------------------------------------------------------------ private
+    def _board(self, views: list[_View]) -> LoadBoard[RouteCandidate] | None:
+        n = self.num_candidates
+        if 0 < n < len(views):
+            return None  # sampled: each decision reads its sample
+
+        def read(i: int) -> tuple[RouteCandidate, bool]:
+            v = views[i]
+            return self._poll(v), v.w.in_decode_run
+
+        board = LoadBoard(len(views), read)
+        for v in views:
+            v.board = board
+            v.w.on_load_change = partial(board.mark, v.index)
+        return board
 
     def _candidates(
-        self, views: list[_View], epoch: int, cached: dict[str, int]
+        self,
+        views: list[_View],
+        board: LoadBoard[RouteCandidate] | None,
+        which: int,
+        epoch: int,
+        cached: dict[str, int],
     ) -> list[RouteCandidate]:
-        pool = views
-        n = self.num_candidates
-        if self.load_view == "polled" and epoch >= 0 and not (0 < n < len(views)):
-            # Nothing moves inside a poll interval: one list per pool per interval.
-            key = id(views)
-            hit = self._lists.get(key)
-            if hit is not None and hit[0] == epoch:
-                return hit[1]
-            made = [self._refresh(v, epoch) for v in views]
-            self._lists[key] = (epoch, made)
-            return made
-        if 0 < n < len(views):
-            picked = self._rng.sample(range(len(views)), n)
-            pool = [views[i] for i in picked]
-            if cached:
-                have = {v.w.name for v in pool}
-                pool += [self._by_name[w] for w in cached if w not in have and
-                         self._by_name[w] in views]
+        if board is not None:
+            # Nothing moves inside a poll interval: one poll per pool per interval.
+            if epoch < 0 or self._epochs[which] != epoch:
+                self._epochs[which] = epoch
+                return board.sync()
+            return board.items
+        picked = self._rng.sample(range(len(views)), self.num_candidates)
+        pool = [views[i] for i in picked]
+        if cached:
+            have = {v.w.name for v in pool}
+            pool += [self._by_name[w] for w in cached if w not in have and
+                     self._by_name[w] in views]
         return [self._refresh(v, epoch) for v in pool]
 
     def _refresh(self, v: _View, epoch: int) -> RouteCandidate:
+        """A sampled worker: polled at most once per interval."""
         if epoch >= 0 and v.epoch == epoch:
-            if self.load_view == "polled" or not (v.sent_active or v.sent_blocks):
-                return v.candidate
-            used, active, queued = v.key
-            return RouteCandidate(
-                v.w.name,
-                v.w.pool.num_blocks,
-                min(v.w.pool.num_blocks, used + v.sent_blocks),
-                active + v.sent_active,
-                queued + v.sent_tokens,
-            )
+            return self._seen(v)
+        v.epoch = epoch
+        return self._poll(v)
+
+    def _seen(self, v: _View) -> RouteCandidate:
+        """The last poll, plus (``reported``) this router's sends since."""
+        if self.load_view == "polled" or not (v.sent_active or v.sent_blocks):
+            return v.candidate
+        used, active, queued = v.key
+        return RouteCandidate(
+            v.w.name,
+            v.w.pool.num_blocks,
+            min(v.w.pool.num_blocks, used + v.sent_blocks),
+            active + v.sent_active,
+            queued + v.sent_tokens,
+        )
+
+    def _poll(self, v: _View) -> RouteCandidate:
+        """The worker's load report as of now (this router's sends are in it from now on)."""
         w = v.w
         key = (w.num_blocks_in_use, w.num_active, self._queued(w))
-        v.epoch = epoch
         v.sent_active = v.sent_blocks = v.sent_tokens = 0
         if key != v.key:
             v.key = key

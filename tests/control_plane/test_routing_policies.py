@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -33,6 +34,33 @@ def test_least_loaded_uses_block_share_and_queued_prefill() -> None:
     choice = ll.choose(RouteRequest(64, 16), d, p)
     assert [w for w, _ in choice.decode_ranking] == ["d2", "d0", "d1"]  # 30% < 50% < 50%
     assert choice.prefill_id == "p1" and choice.reason == "load"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_least_loaded_ranks_as_the_tuple_sort_in_any_input_order(seed: int) -> None:
+    """The per-key stable sorts give the order of sorting by (load, active, worker id): many
+    ties, empty and 1-block pools, the candidates in random order."""
+    rng = random.Random(seed)
+    ll = make_policy("least_loaded")
+    for _ in range(20):
+        d = [cand(f"d{i}", used=rng.choice([0, 0, 16, 32, 100]),
+                  active=rng.choice([0, 0, 1, 2]), blocks=rng.choice([0, 1, 200, 1000]))
+             for i in range(rng.randint(1, 60))]
+        p = [cand(f"p{i}", active=rng.choice([0, 1]), queued=rng.choice([0, 0, 64, 512]))
+             for i in range(rng.randint(0, 20))]
+        rng.shuffle(d)
+        rng.shuffle(p)
+        choice = ll.choose(RouteRequest(64, 16), d, p)
+
+        def load(c: RouteCandidate) -> float:
+            return c.num_used_blocks / max(1, c.num_blocks)
+
+        ranked = sorted(d, key=lambda c: (load(c), c.num_active_requests, c.worker_id))
+        assert choice.decode_ranking == tuple((c.worker_id, load(c)) for c in ranked)
+        pre = sorted(p, key=lambda c: (c.num_queued_prefill_tokens, c.num_active_requests,
+                                       c.worker_id))
+        assert choice.prefill_ranking == tuple(c.worker_id for c in pre)
+        assert choice.prefill_id == (pre[0].worker_id if p else None)
 
 
 def test_least_loaded_keeps_short_prompts_local() -> None:
