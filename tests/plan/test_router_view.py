@@ -92,8 +92,11 @@ def checking_views() -> Iterator[dict[str, int]]:
         counts["decisions"] += 1
         return choice
 
-    def sent_(self: RouterModel, worker: EngineModel, blocks: int, tokens: int) -> None:
-        sent(self, worker, blocks, tokens)
+    def sent_(
+        self: RouterModel, worker: EngineModel, num_blocks: int, num_prefill_tokens: int
+    ) -> None:
+        sent(self, worker, num_blocks, num_prefill_tokens)
+        blocks, tokens = num_blocks, num_prefill_tokens
         if self.load_view == "reported":
             s = truths[id(self)].sends.setdefault(worker.name, [0, 0, 0])
             s[0] += blocks
