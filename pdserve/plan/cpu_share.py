@@ -19,7 +19,8 @@ from pdserve.plan.events import EventLoop
 
 
 class Lane:
-    __slots__ = ("_done", "_end_version", "_group", "_loop", "_rate", "_t", "_total", "_work")
+    __slots__ = ("_done", "_end_version", "_group", "_loop", "_rate", "_t", "_total", "_work",
+                 "on_rate_change")
 
     def __init__(self, loop: EventLoop, group: CoreGroup) -> None:
         self._loop = loop
@@ -30,6 +31,9 @@ class Lane:
         self._rate = 1.0
         self._done: Callable[[], None] | None = None
         self._end_version = 0
+        # Told when another lane of the group changes this one's rate mid-job (its
+        # ``time_at`` answers move).
+        self.on_rate_change: Callable[[], None] | None = None
         group.lanes.append(self)
 
     @property
@@ -50,6 +54,10 @@ class Lane:
         """Work done on the current job by now."""
         return self._work + (self._loop.now - self._t) * self._rate
 
+    def time_at(self, work: float) -> float:
+        """When the current job reaches ``work`` at the rate it runs at now."""
+        return self._t + (work - self._work) / self._rate
+
     def set_total(self, work: float) -> None:
         """Shorten (or lengthen) the current job, e.g. to end a run at a step boundary; not
         below the work already done."""
@@ -69,6 +77,8 @@ class Lane:
         self._settle()
         self._rate = rate
         self._plan_end()
+        if self.on_rate_change is not None:
+            self.on_rate_change()
 
     def _plan_end(self) -> None:
         self._end_version += 1

@@ -5,30 +5,31 @@
     steps(done)    its inverse: the steps done after ``done`` work, as a real number
     steps_done(d)  the whole steps finished (at most k), as a load report counts them
 
-A router polls a worker in a run often (every 0.1 s of simulated time, for every worker in a
-run at once): ``steps_done`` remembers its answer up to the work at which the next step could
-end, so a poll between two step ends costs one comparison, not a square root.
+A router polls every worker in a run every 0.1 s of simulated time, and a worker's reported
+blocks grow only at the steps where one of its requests needs a new block: the worker keeps
+the figure (``blocks``) with the work up to which it holds (``until``), so a poll before then
+costs nothing (``EngineModel.load_steady_until`` turns it into a time for the router).
 """
 
 from __future__ import annotations
 
 import math
 
-_EPS = 1e-9  # a step "done" within this of its end counts as done (float noise)
+STEP_EPS = 1e-9  # a step "done" within this of its end counts as done (float noise)
+# ``until`` stops this far (in steps) short of the step whose end changes the figure: far more
+# than the rounding error of ``steps``, so the floor cannot move before ``until``.
+UNTIL_MARGIN = 1e-6
 
 
 class DecodeRun:
-    __slots__ = ("_steps", "_until", "a", "blocks", "blocks_at", "k", "slope")
+    __slots__ = ("a", "blocks", "k", "slope", "until")
 
     def __init__(self, k: int, a: float, slope: float) -> None:
         self.k = k  # steps (a cut makes it smaller: ``engine_model._cut_run``)
         self.a = a  # the first step's work
         self.slope = slope  # each step's growth
-        self._steps = 0  # steps_done's last answer, valid while the work is below _until
-        self._until = -math.inf
-        # The worker's reported blocks after ``blocks_at`` steps (its cache: -1 = none).
-        self.blocks_at = -1
-        self.blocks = 0
+        self.blocks = 0  # the worker's reported blocks, valid while work done < until
+        self.until = -math.inf
 
     def work(self, m: float) -> float:
         return m * self.a + self.slope * m * (m - 1) / 2
@@ -42,12 +43,13 @@ class DecodeRun:
         return done / a if a > 0 else float(self.k)
 
     def steps_done(self, done: float) -> int:
-        """Whole steps finished after ``done`` work (``done`` never goes down in a run)."""
-        if done < self._until:
-            return min(self.k, self._steps)
-        m = min(self.k, math.floor(self.steps(done) + _EPS))
-        self._steps = m
-        # Below work(m + 1 - 1e-6), steps() stays under m + 1 - _EPS by far more than its
-        # rounding error: the floor cannot move.
-        self._until = self.work(m + 1 - 1e-6) if m < self.k else math.inf
-        return m
+        """Whole steps finished after ``done`` work."""
+        return min(self.k, math.floor(self.steps(done) + STEP_EPS))
+
+    def hold(self, blocks: int, next_change: int | None) -> None:
+        """Keep ``blocks`` until the end of step ``next_change`` (None: the run's end)."""
+        self.blocks = blocks
+        if next_change is None or next_change > self.k:
+            self.until = math.inf
+        else:
+            self.until = self.work(next_change - UNTIL_MARGIN)

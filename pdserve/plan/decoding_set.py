@@ -76,6 +76,17 @@ class DecodingSet:
             extra += res[(1 - steps - j) % bs]
         return extra
 
+    def next_growth(self, m: int, steps: int) -> int | None:
+        """The first step count m' > m with ``extra_blocks(m') > extra_blocks(m)`` (None: no
+        member)."""
+        if not self.count:
+            return None
+        bs, res = self.bs, self.residues
+        j = m + 1
+        while not res[(1 - steps - j) % bs]:  # some residue is occupied: < bs turns
+            j += 1
+        return j
+
     def max_steps_for(self, k: int, free: int, steps: int) -> int:
         """The most steps (<= k) the members can run within ``free`` blocks."""
         bs, b, res = self.bs, self.count, self.residues

@@ -100,14 +100,20 @@ class EngineModel:
         self._run = DecodeRun(0, 0.0, 0.0)  # the current (or last) decode run
         self._in_wake = False
         self._boundary_in_use = 0
-        # Told after anything a load report reads may have changed (the router's view).
+        # Told after anything a load report reads may have changed (the router's view), or
+        # when load_steady_until may have (another worker changed this one's core share).
         self.on_load_change: Callable[[], None] | None = None
+        lane.on_rate_change = self._rate_changed
         # Counters for the report.
         self.busy_s = 0.0
         self.num_steps_run = 0
         self.num_tokens_computed = 0
         self.num_preemptions = 0
         self.num_swapped_blocks = 0
+
+    def _rate_changed(self) -> None:
+        if self.on_load_change is not None:
+            self.on_load_change()
 
     # ------------------------------------------------------------------ commands
     def post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
@@ -192,11 +198,6 @@ class EngineModel:
     @property
     def is_idle(self) -> bool:
         return self._job is None
-
-    @property
-    def in_decode_run(self) -> bool:
-        """In a decode run: ``num_blocks_in_use`` grows with time, without an event."""
-        return self._job == "run"
 
     def computed_of(self, seq: Seq) -> int:
         return seq.offset + self.steps if seq.is_decoding else seq.computed
@@ -320,11 +321,21 @@ class EngineModel:
         if self._job == "step":
             return self._boundary_in_use  # before this step took its blocks
         run = self._run
-        done = run.steps_done(self.lane.work_done())
-        if done != run.blocks_at:  # nothing else moves during a run: keep it
-            run.blocks_at = done
-            run.blocks = self.pool.num_in_use + self.extra_blocks(done)
+        done = self.lane.work_done()
+        if done >= run.until:  # nothing else moves during a run: hold it to its next change
+            m = run.steps_done(done)
+            run.hold(self.pool.num_in_use + self.extra_blocks(m),
+                     self.decoding.next_growth(m, self.steps))
         return run.blocks
+
+    @property
+    def load_steady_until(self) -> float:
+        """The time before which what a load report reads stays as it is unless
+        ``on_load_change`` is told: a decode run's blocks grow at some step ends (a lower
+        bound, never later than the change); infinite otherwise."""
+        if self._job != "run":
+            return math.inf
+        return self.lane.time_at(self._run.until) - 1e-9
 
     def _cut_run(self) -> None:
         """End the run at the end of the step in progress (a command is waiting)."""

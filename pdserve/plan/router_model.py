@@ -14,8 +14,9 @@ A worker's view is refreshed the first time a decision needs it in each interval
 per worker per interval, so a 512-worker run pays nothing for workers it does not route to).
 Handing the policy every worker (the default), each pool's list is a ``LoadBoard``: a poll
 re-reads only the workers that did something since the last one (a worker tells its board:
-``EngineModel.on_load_change``) and those in a decode run (their reported blocks grow with
-time); the others' candidates are still what a re-read would give. Sampled pools
+``EngineModel.on_load_change``) and those in a decode run that reached a step where their
+reported blocks grow (``EngineModel.load_steady_until``); the others' candidates are still
+what a re-read would give. Sampled pools
 (``candidates``) re-read each sampled worker in turn.
 
 ``candidates`` > 0 hands the policy a random sample of that many workers per pool (plus
@@ -133,9 +134,9 @@ class RouterModel:
         if 0 < n < len(views):
             return None  # sampled: each decision reads its sample
 
-        def read(i: int) -> tuple[RouteCandidate, bool]:
+        def read(i: int) -> tuple[RouteCandidate, float]:
             v = views[i]
-            return self._poll(v), v.w.in_decode_run
+            return self._poll(v), v.w.load_steady_until
 
         board = LoadBoard(len(views), read)
         for v in views:
@@ -155,7 +156,7 @@ class RouterModel:
             # Nothing moves inside a poll interval: one poll per pool per interval.
             if epoch < 0 or self._epochs[which] != epoch:
                 self._epochs[which] = epoch
-                return board.sync()
+                return board.sync(self.loop.now)
             return board.items
         picked = self._rng.sample(range(len(views)), self.num_candidates)
         pool = [views[i] for i in picked]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
 from router.routing import NoWorkerError, RouteCandidate, RouteRequest, make_policy
 from router.routing.kv_aware import KvAwarePolicy
+from router.routing.least_loaded import LastRanking
 
 
 def cand(
@@ -61,6 +63,40 @@ def test_least_loaded_ranks_as_the_tuple_sort_in_any_input_order(seed: int) -> N
                                        c.worker_id))
         assert choice.prefill_ranking == tuple(c.worker_id for c in pre)
         assert choice.prefill_id == (pre[0].worker_id if p else None)
+
+
+def test_least_loaded_reuses_a_ranking_only_for_the_very_same_candidates() -> None:
+    """Asked again about the same candidate objects it answers without ranking again; any
+    other candidate (a new object, a list changed in place, another order) is ranked anew,
+    so a sequence of calls answers as a fresh policy per call does."""
+    calls: list[int] = []
+
+    def rank(pool: Sequence[RouteCandidate]) -> tuple[str, ...]:
+        calls.append(len(pool))
+        return tuple(sorted(c.worker_id for c in pool))
+
+    last = LastRanking(rank)
+    pool = [cand("d1"), cand("d0")]
+    assert last(pool) == ("d0", "d1") and last(pool) == ("d0", "d1")
+    assert last(tuple(pool)) == ("d0", "d1") and len(calls) == 1  # same objects, same order
+    pool[0] = cand("d1")  # an equal value, but another object: ranked again
+    assert last(pool) == ("d0", "d1") and len(calls) == 2
+    pool[0] = cand("d2")  # changed in place after the call
+    assert last(pool) == ("d0", "d2") and len(calls) == 3
+    assert last(pool[::-1]) == ("d0", "d2") and len(calls) == 4
+    assert last(pool[:1]) == ("d2",) and last([]) == () and len(calls) == 6
+
+    rng = random.Random(0)
+    kept = make_policy("least_loaded")
+    objects = [cand(f"d{i}", used=rng.randrange(50)) for i in range(30)]
+    pre = [cand(f"p{i}", queued=rng.randrange(3) * 64) for i in range(5)]
+    for _ in range(200):
+        if rng.random() < 0.5:  # some workers' loads change: new objects for them
+            i = rng.randrange(len(objects))
+            objects[i] = cand(f"d{i}", used=rng.randrange(50), active=rng.randrange(3))
+        d = list(objects) if rng.random() < 0.5 else objects
+        request = RouteRequest(64, 16)
+        assert kept.choose(request, d, pre) == make_policy("least_loaded").choose(request, d, pre)
 
 
 def test_least_loaded_keeps_short_prompts_local() -> None:

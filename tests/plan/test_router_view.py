@@ -6,6 +6,7 @@ this router's sends since) and exact (a read per decision). Random clusters with
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -81,7 +82,7 @@ def checking_views() -> Iterator[dict[str, int]]:
         if epoch < 0 or epoch != t.epoch:
             report = (t.read(t.pools[0]), t.read(t.pools[1]))
             counts["moved"] += sum(
-                old != new and w.in_decode_run
+                old != new and w.load_steady_until < math.inf
                 for old, new, w in zip(t.report[0], report[0], t.pools[0], strict=False)
             )
             t.epoch, t.report, t.sends = epoch, report, {}
@@ -154,14 +155,14 @@ def test_every_decision_sees_what_a_full_read_gives() -> None:
 
 @pytest.mark.parametrize("view", ["exact", "polled", "reported"])
 def test_the_checker_catches_a_stale_view(view: str) -> None:
-    """The check is not vacuous: a board that forgets the moving workers is caught."""
+    """The check is not vacuous: a board that forgets the workers in a decode run is caught."""
     from pdserve.plan import load_board
 
     sync = load_board.LoadBoard.sync
 
-    def stale(self: load_board.LoadBoard[Any]) -> list[Any]:
-        self._moving = set()
-        return sync(self)
+    def stale(self: load_board.LoadBoard[Any], now: float) -> list[Any]:
+        self._heap.clear()  # forgets when the workers in a decode run are due
+        return sync(self, now)
 
     d = random_cluster(1)
     d["router"].update(load_view=view, policy="least_loaded")
