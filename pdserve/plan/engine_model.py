@@ -123,9 +123,7 @@ class EngineModel:
             if not self._in_wake:
                 self._wake()
         elif self._job == "run":
-            self._cut_run()
-            if self.on_load_change is not None:
-                self.on_load_change()
+            self._cut_run()  # what a report reads now is unchanged (a cut ends it sooner)
 
     def add(self, seq: Seq) -> None:
         """Queue a FULL or EXPORT request (call through ``post``)."""

@@ -16,8 +16,8 @@ Handing the policy every worker (the default), each pool's list is a ``LoadBoard
 re-reads only the workers that did something since the last one (a worker tells its board:
 ``EngineModel.on_load_change``) and those in a decode run that reached a step where their
 reported blocks grow (``EngineModel.load_steady_until``); the others' candidates are still
-what a re-read would give. Sampled pools
-(``candidates``) re-read each sampled worker in turn.
+what a re-read would give. Sampled pools (``candidates``) re-read each sampled worker in
+turn.
 
 ``candidates`` > 0 hands the policy a random sample of that many workers per pool (plus
 every worker caching the request's prefix group) instead of the whole pool: the policies
