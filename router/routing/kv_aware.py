@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from operator import attrgetter, itemgetter
 
 from router.routing.policy import NoWorkerError, RouteCandidate, RouteChoice, RouteRequest
+
+_ACTIVE = attrgetter("num_active_requests")
+_COST = itemgetter(1)
 
 
 class KvAwarePolicy:
@@ -65,72 +69,81 @@ class KvAwarePolicy:
             raise NoWorkerError("no decode worker is available")
         blocks = request.num_prompt_blocks
         decode_ok = self._under_cap(decode)
-
-        def decode_cost(c: RouteCandidate) -> float:
-            return c.num_used_blocks + self.transfer_scale * (blocks - request.cached(c.worker_id))
-
-        def prefill_cost(c: RouteCandidate) -> float:
-            queued = c.num_queued_prefill_tokens / request.block_size
-            return self.prefill_load_scale * (blocks - request.cached(c.worker_id) + queued)
-
-        ranked_decode = self._rank(decode_ok, decode_cost)
-
-        def local_ok(c: RouteCandidate) -> bool:
-            hit = request.cached(c.worker_id)
-            return (
-                not prefill
-                or blocks - hit <= self.local_prefill_max_blocks
-                or (blocks > 0 and hit >= self.local_prefill_hit_ratio * blocks)
-            )
-
-        def local_cost(c: RouteCandidate) -> float:
-            uncached = blocks - request.cached(c.worker_id)
-            return c.num_used_blocks + self.prefill_load_scale * self.local_prefill_scale * uncached
-
-        ranked_prefill: list[tuple[RouteCandidate, float]] = []
+        # Costs in one pass per pool (no call per worker: a 1,000-worker pool is asked
+        # tens of thousands of times a simulated hour); hit = request.cached(worker).
+        ts = self.transfer_scale
+        hits = self._hits(request, decode_ok)
+        ranked_decode = self._rank(decode_ok, [
+            c.num_used_blocks + ts * (blocks - hit) for c, hit in zip(decode_ok, hits, strict=True)
+        ], hits)
+        ranked_prefill: list[tuple[RouteCandidate, float, int]] = []
         if prefill:
-            ranked_prefill = self._rank(self._under_cap(prefill), prefill_cost)
-        local: RouteCandidate | None = None
-        if local_ok(ranked_decode[0][0]):
-            local = ranked_decode[0][0]  # the rule: the chosen decode worker prefills itself
+            prefill_ok = self._under_cap(prefill)
+            hits = self._hits(request, prefill_ok)
+            scale, size = self.prefill_load_scale, request.block_size
+            ranked_prefill = self._rank(prefill_ok, [
+                scale * (blocks - hit + c.num_queued_prefill_tokens / size)
+                for c, hit in zip(prefill_ok, hits, strict=True)
+            ], hits)
+        # Local prefill on d is allowed when its uncached part is short or it holds most of
+        # the prompt (or there is no prefill worker).
+        short, most = self.local_prefill_max_blocks, self.local_prefill_hit_ratio * blocks
+        anywhere = not prefill
+        local_scale = self.prefill_load_scale * self.local_prefill_scale
+        local: tuple[RouteCandidate, float] | None = None
+        first, _, first_hit = ranked_decode[0]
+        if anywhere or blocks - first_hit <= short or (blocks > 0 and first_hit >= most):
+            # the rule: the chosen decode worker prefills itself
+            local = first, first.num_used_blocks + local_scale * (blocks - first_hit)
         else:
-            eligible = [c for c, _ in ranked_decode if local_ok(c)]
+            eligible = [(c, hit) for c, _, hit in ranked_decode
+                        if blocks - hit <= short or (blocks > 0 and hit >= most)]
             if eligible:
-                best = min(eligible, key=local_cost)
-                if local_cost(best) <= ranked_decode[0][1] + ranked_prefill[0][1]:
-                    local = best
+                costs = [c.num_used_blocks + local_scale * (blocks - hit) for c, hit in eligible]
+                cheapest = min(costs)
+                if cheapest <= ranked_decode[0][1] + ranked_prefill[0][1]:
+                    local = eligible[costs.index(cheapest)][0], cheapest  # the first cheapest
         if local is not None:
-            ranking = [(local.worker_id, local_cost(local))] + [
-                (c.worker_id, cost) for c, cost in ranked_decode if c is not local
-            ]
+            chosen = local[0]
+            ranking = [(chosen.worker_id, local[1])]
+            ranking += [(c.worker_id, cost) for c, cost, _ in ranked_decode if c is not chosen]
             return RouteChoice(tuple(ranking), None, "local_prefill")
-        first_p = ranked_prefill[0][0]
-        hit = request.cached(first_p.worker_id) > 0
+        first_p, _, hit = ranked_prefill[0]
         return RouteChoice(
-            tuple((c.worker_id, cost) for c, cost in ranked_decode),
+            tuple([(c.worker_id, cost) for c, cost, _ in ranked_decode]),
             first_p.worker_id,
-            "kv_hit" if hit else "load",
-            tuple(c.worker_id for c, _ in ranked_prefill),
+            "kv_hit" if hit > 0 else "load",
+            tuple([c.worker_id for c, _, _ in ranked_prefill]),
         )
+
+    @staticmethod
+    def _hits(request: RouteRequest, pool: Sequence[RouteCandidate]) -> list[int]:
+        """``request.cached`` of each worker of ``pool``."""
+        if not request.cached_blocks:
+            return [0] * len(pool)
+        get, blocks = request.cached_blocks.get, request.num_prompt_blocks
+        return [min(get(c.worker_id, 0), blocks) for c in pool]
 
     def _under_cap(self, pool: Sequence[RouteCandidate]) -> list[RouteCandidate]:
         if len(pool) < 2:
             return list(pool)
-        fair = (sum(c.num_active_requests for c in pool) + 1) / len(pool)
-        ok = [c for c in pool if c.num_active_requests + 1 <= self.share_cap * fair]
+        fair = (sum(map(_ACTIVE, pool)) + 1) / len(pool)
+        cap = self.share_cap * fair
+        ok = [c for c in pool if c.num_active_requests + 1 <= cap]
         return ok or list(pool)
 
     def _rank(
-        self, pool: Sequence[RouteCandidate], cost: Callable[[RouteCandidate], float]
-    ) -> list[tuple[RouteCandidate, float]]:
-        """Cheapest first; the first is sampled (temperature) or a random one of the ties."""
-        scored = [(c, cost(c)) for c in pool]
+        self, pool: Sequence[RouteCandidate], costs: list[float], hits: list[int]
+    ) -> list[tuple[RouteCandidate, float, int]]:
+        """(worker, cost, hit), cheapest first; the first is sampled (temperature) or a random
+        one of the ties."""
+        scored = list(zip(pool, costs, hits, strict=True))
         self._rng.shuffle(scored)  # ties land in random order under the stable sort
-        scored.sort(key=lambda x: x[1])
+        scored.sort(key=_COST)
         if self.temperature > 0 and len(scored) > 1:
             low, high = scored[0][1], scored[-1][1]
             span = (high - low) or 1.0
-            weights = [math.exp(-(c - low) / (self.temperature * span)) for _, c in scored]
+            weights = [math.exp(-(c - low) / (self.temperature * span)) for _, c, _ in scored]
             pick = self._rng.choices(range(len(scored)), weights=weights)[0]
             scored.insert(0, scored.pop(pick))
         return scored

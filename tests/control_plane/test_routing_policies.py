@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -103,6 +104,37 @@ def test_least_loaded_keeps_short_prompts_local() -> None:
     ll = make_policy("least_loaded", local_prefill_max_tokens=32)
     choice = ll.choose(RouteRequest(20, 16), [cand("d0")], [cand("p0")])
     assert choice.prefill_id is None and choice.reason == "local_prefill"
+
+
+def _kv_aware_decisions(seed: int) -> str:
+    """A hash of 400 seeded kv_aware decisions: random pools, prefix hits, options."""
+    rng = random.Random(seed)
+    h = hashlib.sha256()
+    for _ in range(40):
+        kv = KvAwarePolicy(
+            transfer_scale=rng.choice([0.25, 1.0]), local_prefill_max_blocks=rng.choice([0, 2, 8]),
+            local_prefill_hit_ratio=rng.choice([0.5, 0.75]), share_cap=rng.choice([1.0, 1.5, 3.0]),
+            temperature=rng.choice([0.0, 0.0, 0.5]), seed=rng.randrange(100))
+        for _ in range(10):
+            nd, np = rng.randint(1, 40), rng.choice([0, 1, 5, 20])
+            d = [cand(f"d{i}", used=rng.choice([0, 0, 16, 64, 300]),
+                      active=rng.choice([0, 0, 1, 3])) for i in range(nd)]
+            p = [cand(f"p{i}", active=rng.choice([0, 1]), queued=rng.choice([0, 0, 64, 1024]))
+                 for i in range(np)]
+            names = [c.worker_id for c in d + p]
+            hit = rng.sample(names, min(len(names), rng.choice([0, 0, 1, 3, 8])))
+            cached = {w: rng.randint(1, 12) for w in hit}
+            request = RouteRequest(rng.randint(1, 200), 16, cached)
+            h.update(repr(kv.choose(request, d, p)).encode())
+    return h.hexdigest()[:16]
+
+
+def test_kv_aware_decides_as_before_its_one_pass_rewrite() -> None:
+    """The costs computed in one pass per pool (no call per worker) give every ranking, cost,
+    reason and random tie-break the per-worker closures gave: these hashes were recorded
+    from that implementation (local prefill, kv_hit and load decisions all occur)."""
+    assert [_kv_aware_decisions(s) for s in range(4)] == [
+        "e43bf9d883f12c57", "426841e78ff22d8f", "27cae516dcd179f7", "70deeb6653051a4e"]
 
 
 def test_kv_aware_prefers_the_prefill_worker_that_caches_the_prefix() -> None:
