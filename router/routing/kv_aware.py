@@ -95,7 +95,7 @@ class KvAwarePolicy:
         if anywhere or blocks - first_hit <= short or (blocks > 0 and first_hit >= most):
             # the rule: the chosen decode worker prefills itself
             local = first, first.num_used_blocks + local_scale * (blocks - first_hit)
-        else:
+        elif request.cached_blocks:  # no hit anywhere: each worker is as ineligible as the first
             eligible = [(c, hit) for c, _, hit in ranked_decode
                         if blocks - hit <= short or (blocks > 0 and hit >= most)]
             if eligible:
