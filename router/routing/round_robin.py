@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from operator import attrgetter
 
 from router.routing.policy import NoWorkerError, RouteCandidate, RouteChoice, RouteRequest
+
+_WORKER_ID = attrgetter("worker_id")  # a C-level key: no Python call per comparison
 
 
 class RoundRobinPolicy:
@@ -24,12 +27,12 @@ class RoundRobinPolicy:
     ) -> RouteChoice:
         if not decode:
             raise NoWorkerError("no decode worker is available")
-        ordered = sorted(decode, key=lambda c: c.worker_id)
+        ordered = sorted(decode, key=_WORKER_ID)
         start = next(self._decode) % len(ordered)
-        ranking = tuple((c.worker_id, 0.0) for c in ordered[start:] + ordered[:start])
+        ranking = tuple([(c.worker_id, 0.0) for c in ordered[start:] + ordered[:start]])
         if not prefill or request.num_prompt_tokens <= self._local_max:
             return RouteChoice(ranking, None, "local_prefill")
-        pre = sorted(prefill, key=lambda c: c.worker_id)
+        pre = sorted(prefill, key=_WORKER_ID)
         p = next(self._prefill) % len(pre)
-        prefill_ranking = tuple(c.worker_id for c in pre[p:] + pre[:p])
+        prefill_ranking = tuple([c.worker_id for c in pre[p:] + pre[:p]])
         return RouteChoice(ranking, prefill_ranking[0], "round_robin", prefill_ranking)
