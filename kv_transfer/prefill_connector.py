@@ -192,15 +192,33 @@ class PrefillConnector:
             if not job.done.done():
                 job.done.cancel()
             raise
+        except Exception as e:  # a defect: still fail the request and end the job
+            logger.exception("export of %s failed", request_id)
+            if not job.done.done():
+                job.done.set_exception(e)
         finally:
-            if not finished:
-                # Returns once every push of this transfer stopped reading the blocks.
-                await asyncio.shield(transfer.abort("prefill did not finish"))
-            self._jobs.pop(request_id, None)
-            self._job_ended(request_id)
+            if finished:
+                self._end_job(request_id, job)
+            else:
+                # The job ends (its blocks may be freed) once no push of this transfer reads
+                # them any more, whatever the abort raised and even if this task is
+                # cancelled meanwhile.
+                aborting = asyncio.ensure_future(transfer.abort("prefill did not finish"))
+                aborting.add_done_callback(lambda f: self._aborted(request_id, job, f))
+                await asyncio.wait([aborting])  # raises nothing but this task's cancellation
 
     def _steps(self) -> int:
         return self._num_steps() if self._num_steps is not None else 0
+
+    def _aborted(self, request_id: str, job: _Job, aborting: asyncio.Future[None]) -> None:
+        if not aborting.cancelled() and (e := aborting.exception()) is not None:
+            logger.error("abort of %s's transfer failed: %r", request_id, e)
+        self._end_job(request_id, job)
+
+    def _end_job(self, request_id: str, job: _Job) -> None:
+        if self._jobs.get(request_id) is job:
+            del self._jobs[request_id]
+        self._job_ended(request_id)
 
     def _job_ended(self, request_id: str) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ chunk.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -38,6 +39,8 @@ from kv_transfer.ticket import ReservationTicket
 from kv_transfer.transport import Channel, Connector
 from kv_transfer.wire import segment_runs, status_name
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 # An abort is best effort: never wait long for a peer that may be dead.
 ABORT_TIMEOUT_S = 2.0
@@ -143,6 +146,8 @@ class OutgoingTransfer:
                 await self._call(frame, [], min(self._timeout_s, ABORT_TIMEOUT_S))
             except KVTransferError:
                 pass  # the peer is gone: its lease or peer-loss detection frees the reservation
+            except Exception:  # a defect; the pushes below must still be waited for
+                logger.exception("abort of %s failed", self.ticket.request_id)
         # Pushes already on the wire end by themselves (refused, or each one's deadline);
         # cancelling them could cut a frame in half.
         if self._pending:
@@ -305,19 +310,38 @@ class KVSender:
         try:
             channel = await connector.connect(endpoint, hello, timeout)
         except BaseException as e:
-            future.set_exception(e)
-            future.exception()  # mark retrieved
             self.metrics.record_failure(type(e).__name__)
-            if isinstance(e, OSError):
-                raise PeerLostError(f"cannot connect to {endpoint}: {e}") from e
-            if isinstance(e, TimeoutError) and not isinstance(e, KVTransferError):
-                raise TransferTimeoutError(f"handshake with {endpoint} timed out") from e
-            raise
+            error = _connect_error(endpoint, e)
+            # The callers waiting on this connection get a KVTransferError too, even when
+            # the caller that connects was cancelled: a raw OSError there once escaped a
+            # transfer's abort and left the prompt's blocks held for good.
+            shared = (
+                PeerLostError(f"connecting to {endpoint} was cancelled")
+                if isinstance(error, asyncio.CancelledError)
+                else error
+            )
+            future.set_exception(shared)
+            future.exception()  # mark retrieved
+            if error is e:
+                raise
+            raise error from e
         finally:
             del self._connecting[endpoint]
         future.set_result(channel)
         self._channels[endpoint] = channel
         return channel
+
+
+def _connect_error(endpoint: str, error: BaseException) -> BaseException:
+    """What a failed connection to ``endpoint`` raises: transport errors as the
+    ``KVTransferError`` they mean, anything else (a cancellation) as it is."""
+    if isinstance(error, KVTransferError):
+        return error
+    if isinstance(error, TimeoutError):  # an OSError too: first
+        return TransferTimeoutError(f"connecting to {endpoint} timed out")
+    if isinstance(error, OSError):
+        return PeerLostError(f"cannot connect to {endpoint}: {error}")
+    return error
 
 
 def _sender_id() -> int:

@@ -20,7 +20,7 @@ from control_plane.worker_side import WorkerControlPlane, new_worker_id
 from engine.engine_stats import EngineStats
 from engine.llm_engine import LLMEngine
 from engine.metrics import HistogramSnapshot
-from pdserve.worker_control_args import redis_url_of
+from pdserve.worker_control_args import heartbeat_of, redis_url_of
 
 
 def worker_control_plane(
@@ -71,12 +71,7 @@ def worker_control_plane(
             step_time_s=step_time(),
         )
 
-    heartbeat_s = a.registry_heartbeat_s or a.registry_lease_s / 5
-    if not 0 < heartbeat_s < a.registry_lease_s:
-        raise ValueError(
-            f"--registry-heartbeat-s ({heartbeat_s:g}) must be positive and below "
-            f"--registry-lease-s ({a.registry_lease_s:g})"
-        )
+    heartbeat_s = heartbeat_of(a)
     return WorkerControlPlane(
         identity,
         sample_load,

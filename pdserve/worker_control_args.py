@@ -8,6 +8,12 @@ import socket
 import urllib.parse
 from pathlib import Path
 
+# The registration's lease, and how often a worker renews it (and reports its load and KV
+# events). 3 s lapsed under a loaded CI machine's late heartbeats (every worker dropped: "no
+# decode worker available"); etcd-backed registries commonly use 10 s too.
+REGISTRY_LEASE_S = 10.0
+HEARTBEAT_S = 0.6
+
 
 def add_control_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("control plane")
@@ -43,16 +49,30 @@ def add_control_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--registry-lease-s",
         type=float,
-        default=3.0,
-        help="the registration lapses when not renewed for this long",
+        default=REGISTRY_LEASE_S,
+        help="the registration lapses when not renewed for this long (default "
+        f"{REGISTRY_LEASE_S:g}: a loaded worker's late heartbeats must not drop it from "
+        "routing; a killed worker's refused calls send requests elsewhere at once)",
     )
     g.add_argument(
         "--registry-heartbeat-s",
         type=float,
         default=None,
-        help="renew the lease, report load and publish KV events this often (default: a "
-        "fifth of --registry-lease-s)",
+        help="renew the lease, report load and publish KV events this often (default: "
+        f"{HEARTBEAT_S:g}, or a fifth of a shorter --registry-lease-s)",
     )
+
+
+def heartbeat_of(a: argparse.Namespace) -> float:
+    """``--registry-heartbeat-s``, or its default for ``--registry-lease-s``; raises
+    ``ValueError`` unless it is positive and below the lease."""
+    heartbeat_s: float = a.registry_heartbeat_s or min(HEARTBEAT_S, a.registry_lease_s / 5)
+    if not 0 < heartbeat_s < a.registry_lease_s:
+        raise ValueError(
+            f"--registry-heartbeat-s ({heartbeat_s:g}) must be positive and below "
+            f"--registry-lease-s ({a.registry_lease_s:g})"
+        )
+    return heartbeat_s
 
 
 def redis_url_of(a: argparse.Namespace) -> str | None:

@@ -99,6 +99,8 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             # Either may fail first: the engine (bad prompt) or the transfer (decode gone).
             waiting: set[asyncio.Future[Any]] = {final_task, done}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_EXCEPTION)
+            if done.done() and not final_task.done():
+                await done  # the transfer failed: answer now, and stop computing the prompt
             final = await final_task
             prompt_done = time.monotonic()
             await done

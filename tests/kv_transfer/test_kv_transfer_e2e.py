@@ -29,6 +29,7 @@ from engine.kv_cache_spec import KVCacheSpec
 from kv_transfer import (
     IncompatiblePeerError,
     KVSender,
+    KVTransferError,
     PeerLostError,
     ReservationTicket,
     TransferRefusedError,
@@ -379,6 +380,51 @@ def test_killed_decode_is_detected_within_the_lease(transport, src_pool, aio):
             await transfer.abort()  # best effort towards a dead peer: bounded
             assert time.monotonic() - start < 3.0
             assert sender.metrics.snapshot().num_failures >= 1
+            await sender.close()
+
+        aio.run(scenario())
+    finally:
+        decode.close()
+
+
+@pytest.mark.parametrize(
+    "transport",
+    [
+        "tcp",
+        pytest.param("ucx", marks=pytest.mark.skipif(not is_ucx_available(), reason="no ucxx")),
+    ],
+)
+def test_every_transfer_into_a_killed_decode_ends_and_aborts_cleanly(transport, src_pool, aio):
+    """Several requests' transfers into one decode worker when it dies: their aborts all
+    reconnect at once and share one connection attempt. Each must see its refusal as a
+    KVTransferError and return: once, only the first did, the others got the raw
+    ``ConnectionRefusedError`` out of ``abort``, and the prefill job that owned the prompt's
+    blocks never ended (the blocks were held for good)."""
+    decode = ChildDecode(transport, 30.0)
+    try:
+
+        async def scenario() -> None:
+            sender = KVSender(SPEC, src_pool, timeout_s=5.0)
+            transfers = []
+            for i in range(3):
+                ticket = await reserve(decode, f"killed-many-{i}", 2)
+                transfers.append(await sender.open(ticket))
+            await transfers[0].push([0], [0])
+            decode.process.kill()
+            await asyncio.to_thread(decode.process.join, 10)
+            with pytest.raises((PeerLostError, TransferTimeoutError)):
+                await transfers[0].push([1], [1])  # the channel is known lost now
+            start = time.monotonic()
+            pushes = await asyncio.gather(
+                *(t.push([1], [1]) for t in transfers[1:]), return_exceptions=True
+            )
+            assert all(isinstance(p, KVTransferError) for p in pushes), pushes
+            outcomes = await asyncio.gather(
+                *(t.abort("gone") for t in transfers), return_exceptions=True
+            )
+            assert outcomes == [None, None, None], outcomes
+            assert time.monotonic() - start < 15.0
+            assert sender.num_active_transfers == 0
             await sender.close()
 
         aio.run(scenario())
