@@ -17,7 +17,10 @@ for path in (REPO_ROOT, HERE):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from kv_harness import SPEC  # noqa: E402  (after the path set-up above)
+
 T = TypeVar("T")
+SRC_BLOCKS = 32  # blocks of the prefill side's pool in the tests
 
 
 class LoopThread:
@@ -42,3 +45,12 @@ def aio() -> Iterator[LoopThread]:
     runner = LoopThread()
     yield runner
     runner.close()
+
+
+@pytest.fixture
+def src_pool() -> Any:
+    """The prefill side's pool: ``SRC_BLOCKS`` blocks of seeded random values."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1234)
+    return torch.randn(SPEC.pool_shape(SRC_BLOCKS), generator=generator)

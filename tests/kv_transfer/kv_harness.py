@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from engine.kv_cache_spec import KVCacheSpec
-from kv_transfer import CompletedTransfer, ReleaseReason, create_receiver, release_transports
+from kv_transfer import (
+    CompletedTransfer,
+    KVSender,
+    ReleaseReason,
+    ReservationTicket,
+    create_receiver,
+    release_transports,
+)
 from kv_transfer.receiver import ReceiverBase
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
@@ -249,3 +256,30 @@ class ChildPrefill:
             self.process.kill()
             raise TimeoutError(f"prefill worker: no {message!r}")
         assert self._conn.recv() == message
+
+
+def ticket_of(data: bytes) -> ReservationTicket:
+    message = pb.KVReservation()
+    message.ParseFromString(data)
+    return ReservationTicket.from_proto(message)
+
+
+async def reserve(
+    decode: Any,
+    request_id: str,
+    n: int,
+    cached: dict[int, bytes] | None = None,
+    lease_s: float | None = None,
+) -> ReservationTicket:
+    """Reserve ``n`` blocks on ``decode`` (a ``ChildDecode`` or ``LocalDecode``)."""
+    return ticket_of(await decode.call("reserve", request_id, n, cached or {}, lease_s))
+
+
+async def assert_all_free(decode: Any, sender: KVSender | None = None) -> dict[str, Any]:
+    """Decode holds no reservation and every block is free (and ``sender`` no transfer)."""
+    state = await decode.call("state")
+    assert state["num_reservations"] == 0
+    assert state["num_free"] == NUM_BLOCKS
+    if sender is not None:
+        assert sender.num_active_transfers == 0
+    return state

@@ -38,8 +38,12 @@ TRANSPORTS = ["inproc", "tcp"]
 def engine_with(folder: Path, connector: object, **overrides: object) -> LLMEngine:
     """An engine with the exactness suite's settings and ``connector``."""
     options: dict[str, object] = dict(
-        model=str(folder), dtype="float32", num_kv_blocks=512, num_host_blocks=256,
-        max_num_batched_tokens=256, max_num_seqs=64,
+        model=str(folder),
+        dtype="float32",
+        num_kv_blocks=512,
+        num_host_blocks=256,
+        max_num_batched_tokens=256,
+        max_num_seqs=64,
     )
     options.update(overrides)
     return LLMEngine(EngineConfig(**options), kv_connector=connector)  # type: ignore[arg-type]
@@ -65,7 +69,9 @@ class Pair:
         awaited between the export's start and the prefill (its wait in prefill's queue)."""
         ticket_f = self.dconn.expect_ticket(rid)
         stream = self.decode.generate(
-            rid, prompt_token_ids=prompt, sampling_params=params,
+            rid,
+            prompt_token_ids=prompt,
+            sampling_params=params,
             kv_transfer=KVTransferParams("import"),
         )
         first = asyncio.ensure_future(anext(stream))
@@ -76,7 +82,9 @@ class Pair:
             if callable(queued):
                 await queued()
             pstream = self.prefill.generate(
-                rid, prompt_token_ids=prompt, sampling_params=params,
+                rid,
+                prompt_token_ids=prompt,
+                sampling_params=params,
                 kv_transfer=KVTransferParams("export"),
             )
             async with contextlib.aclosing(pstream):
@@ -95,7 +103,8 @@ class Pair:
 
     def stats_free(self) -> bool:
         return all(
-            e.stats.num_free_blocks == e.stats.num_blocks and e.stats.num_unfinished == 0
+            e.stats.num_free_blocks == e.stats.num_blocks
+            and e.stats.num_unfinished == 0
             and e.stats.num_delayed_free == 0
             for e in (self.prefill, self.decode)
         )
@@ -230,7 +239,9 @@ def test_export_failure_fails_the_decode_request_cleanly(aio, llama, transport) 
         async def run() -> None:
             ticket_f = pair.dconn.expect_ticket("f")
             stream = pair.decode.generate(
-                "f", prompt_token_ids=p, sampling_params=greedy(5),
+                "f",
+                prompt_token_ids=p,
+                sampling_params=greedy(5),
                 kv_transfer=KVTransferParams("import"),
             )
             first = asyncio.ensure_future(anext(stream))
@@ -330,10 +341,7 @@ def test_slow_prefill_queue_outlives_the_lease(aio, llama, transport) -> None:
 
         async def run() -> None:
             outs = await asyncio.gather(
-                *(
-                    pair.generate(f"s{i}", p, greedy(4), queued=slow)
-                    for i, p in enumerate(prompts)
-                )
+                *(pair.generate(f"s{i}", p, greedy(4), queued=slow) for i, p in enumerate(prompts))
             )
             for p, out in zip(prompts, outs, strict=True):
                 assert out.token_ids == hf_greedy(llama, p, 4)
@@ -363,7 +371,9 @@ def test_export_requests_are_never_preempted_and_take_the_whole_prompt(llama) ->
     engine = engine_with(llama, PrefillConnector(), num_kv_blocks=12, max_num_batched_tokens=16)
     prompt = random_prompts(1, 200, 100, 100, seed=1)[0]  # 7 blocks
     export = engine.add_request(
-        "export", prompt_token_ids=prompt, sampling_params=greedy(1),
+        "export",
+        prompt_token_ids=prompt,
+        sampling_params=greedy(1),
         kv_transfer=KVTransferParams("export"),
     )
     engine.add_request("plain", prompt_token_ids=prompt[:60], sampling_params=greedy(40))
