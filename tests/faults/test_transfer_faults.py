@@ -41,7 +41,8 @@ NUM_REQUESTS = 4
 PROMPT_TOKENS = 800  # 50 blocks of 16, 50 prefill chunks of 16 tokens each
 MAX_TOKENS = 24
 BLOCK_SIZE = 16
-PULSE_S = 0.01  # how long a frozen prefill worker runs between checks
+PULSE_CPU_S = 0.01  # CPU time a frozen prefill worker gets between checks...
+PULSE_MAX_S = 0.5  # ...or this much wall time, whichever comes first
 
 # What to do to the frozen worker, once the transfer is seen open.
 Fault = Callable[[Cluster, WorkerProcess], None]
@@ -57,7 +58,30 @@ def _prompts(base: int, num_requests: int) -> list[list[int]]:
 
 def _received(w: WorkerProcess) -> float:
     """KV blocks decode worker ``w`` received so far."""
-    return w.metrics().get("pdserve_kv_transfer_blocks_total", 0.0)
+    return w.metric("pdserve_kv_transfer_blocks_total")
+
+
+def _pulse(w: WorkerProcess) -> None:
+    """Let the frozen worker ``w`` run until it has had ``PULSE_CPU_S`` of CPU (or
+    ``PULSE_MAX_S`` passed), then freeze it again. Measured in CPU time, not wall time: on a
+    loaded machine a worker given a fixed few milliseconds may not run at all in them, the
+    freeze then lasts for many seconds, and decode's leases on the frozen worker's
+    reservations run out before the fault (a CI run once saw every attempt of every request
+    end "expired", none "peer_lost", so before the connections were cut)."""
+    start = w.cpu_seconds()
+    began = time.monotonic()
+    w.resume()
+    try:
+        while True:
+            time.sleep(0.001)
+            ran = w.cpu_seconds()
+            if start is None or ran is None:  # no /proc: a fixed pulse
+                time.sleep(PULSE_CPU_S)
+                return
+            if ran - start >= PULSE_CPU_S or time.monotonic() - began >= PULSE_MAX_S:
+                return
+    finally:
+        w.pause()
 
 
 def _open_transfers(workers: list[WorkerProcess]) -> int:
@@ -76,20 +100,25 @@ def _freeze_mid_transfer(
     tiny model's prefill is over faster than a poll could catch it running), and the others
     run on. For ``role == "decode"`` the decode worker holding a reservation still waiting
     for KV is then stopped, and the producer runs on, pushing into it."""
-    deadline = time.monotonic() + 60
+    began = time.monotonic()
     producer: WorkerProcess | None = None
+    pulses = 0
     while producer is None:
         for w in cluster.prefill:
-            assert time.monotonic() < deadline, "no KV block arrived"
-            w.resume()
-            time.sleep(PULSE_S)
-            w.pause()
+            assert time.monotonic() < began + 60, "no KV block arrived"
+            _pulse(w)
+            pulses += 1
             if any(_received(d) > base[d.target] for d in cluster.decode):
                 producer = w
                 break
     for w in cluster.prefill:
         if w is not producer:
             w.resume()
+    # Shown with a failure: a freeze longer than decode's lease is the test's fault.
+    print(
+        f"frozen mid-transfer after {pulses} pulses, {time.monotonic() - began:.2f}s",
+        file=sys.stderr,
+    )
     received = sum(_received(w) - base[w.target] for w in cluster.decode)
     total = num_requests * (PROMPT_TOKENS // BLOCK_SIZE)
     assert 0 < received < total, (received, total)

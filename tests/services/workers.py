@@ -79,6 +79,36 @@ class WorkerProcess:
             for sample in family.samples
         }
 
+    def metric(self, name: str) -> float:
+        """The sum of sample ``name``'s values over its label sets in this worker's
+        ``/metrics`` (0 when absent), read without parsing the whole exposition: cheap
+        enough to poll in a tight loop."""
+        assert self.metrics_url is not None, "started without a metrics port"
+        text = httpx.get(self.metrics_url, timeout=10).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + "{", name + " "))
+        )
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time all of this process's threads have had so far (the scheduler's own
+        count, in ns, from /proc), or None where /proc does not tell it."""
+        total = 0
+        try:
+            tasks = list(os.scandir(f"/proc/{self.pid}/task"))
+        except OSError:
+            return None
+        for task in tasks:
+            try:
+                with open(f"{task.path}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except FileNotFoundError:
+                continue  # the thread ended meanwhile
+            except (OSError, ValueError, IndexError):
+                return None
+        return total / 1e9
+
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
 
