@@ -16,11 +16,13 @@ taken). A worker whose active requests would exceed
 ``share_cap`` x its fair share of the pool is passed over while any other is not, so one hot
 prefix cannot pile onto the worker that caches it. ``temperature`` > 0 samples each pool's
 pick from a softmax over normalised costs (seeded), spreading near-ties; 0 takes the
-cheapest, ties broken at random.
+cheapest, one of its ties drawn uniformly (the other ties follow in a random rotation of the
+pool's order).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -135,15 +137,24 @@ class KvAwarePolicy:
     def _rank(
         self, pool: Sequence[RouteCandidate], costs: list[float], hits: list[int]
     ) -> list[tuple[RouteCandidate, float, int]]:
-        """(worker, cost, hit), cheapest first; the first is sampled (temperature) or a random
-        one of the ties."""
+        """(worker, cost, hit), cheapest first. The first is sampled (temperature) or drawn
+        uniformly from the cheapest ties; the other ties follow in the pool's order, from a
+        random offset. Two draws a ranking, not a shuffle: shuffling a 512-worker pool was
+        a third of the time a simulated hour took."""
         scored = list(zip(pool, costs, hits, strict=True))
-        self._rng.shuffle(scored)  # ties land in random order under the stable sort
+        n = len(scored)
+        if n < 2:
+            return scored
+        k = self._rng.randrange(n)
+        scored = scored[k:] + scored[:k]
         scored.sort(key=_COST)
-        if self.temperature > 0 and len(scored) > 1:
+        if self.temperature > 0:
             low, high = scored[0][1], scored[-1][1]
             span = (high - low) or 1.0
             weights = [math.exp(-(c - low) / (self.temperature * span)) for _, c, _ in scored]
-            pick = self._rng.choices(range(len(scored)), weights=weights)[0]
+            pick = self._rng.choices(range(n), weights=weights)[0]
+        else:
+            pick = self._rng.randrange(bisect.bisect_right(scored, scored[0][1], key=_COST))
+        if pick:
             scored.insert(0, scored.pop(pick))
         return scored
