@@ -94,6 +94,7 @@ class Cluster:
         self.dispatch_s = (
             r.dispatch_s if r.dispatch_s is not None else self.profile.overhead.dispatch_s
         )
+        self.admit_s = self.profile.overhead.admit_s
         self.workers = {w.name: w for w in self.prefill + self.decode}
         self._capacity = min(w.pool.num_blocks for w in self.workers.values()) * self.block_size
         self.num_routed_local = 0
@@ -233,7 +234,10 @@ class Cluster:
         self.queued_tokens[prefill.name] -= pseq.req.num_prompt
         self.router.changed(prefill)
         prefill.post(_release, (prefill, pseq))
-        decode.post(_admit, (decode, dseq))
+        if self.admit_s > 0:  # the reply's way back and decode's bookkeeping
+            self.loop.after(self.admit_s, _post_admit, (decode, dseq))
+        else:
+            decode.post(_admit, (decode, dseq))
 
     def finished(self, worker: EngineModel, seq: Seq) -> None:
         req = seq.req
@@ -252,6 +256,10 @@ def _add(arg: tuple[EngineModel, Seq]) -> None:
 
 def _admit(arg: tuple[EngineModel, Seq]) -> None:
     arg[0].admit(arg[1])
+
+
+def _post_admit(arg: tuple[EngineModel, Seq]) -> None:
+    arg[0].post(_admit, arg)
 
 
 def _release(arg: tuple[EngineModel, Seq]) -> None:

@@ -146,3 +146,26 @@ def test_same_seed_same_result_other_seed_other_result() -> None:
     assert a == b
     d["workload"]["seed"] = 99
     assert records_of(run(d, profile, True)) != a
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_admit_overhead_delays_a_transferred_prompt_only(mode: str) -> None:
+    """``overhead.admit_s`` (KV landed -> decode admits) moves a lone request's first token
+    and end by exactly that much on a disaggregated cluster, and not at all colocated."""
+    from dataclasses import replace
+
+    from pdserve.plan.profile_format import Overhead
+
+    cluster: dict[str, Any] = {"profile": "test-cpu"}
+    if mode == "colocated":
+        cluster.update(mode="colocated", num_colocated=1)
+    d = config_dict(cluster=cluster, workload={"num_requests": 1, "prompt_len": "uniform:200:200",
+                                               "output_len": "uniform:8:8"},
+                    load={"kind": "closed", "concurrency": [1]}, sim={"records": "full"})
+    base = make_profile()
+    late = replace(base, overhead=Overhead(base.overhead.dispatch_s, 0.25, base.overhead.stream_s))
+    (a,) = records_of(simulate(SimConfig.from_dict(d), {"test-cpu": base}))
+    (b,) = records_of(simulate(SimConfig.from_dict(d), {"test-cpu": late}))
+    shift = 0.25 if mode == "disaggregated" else 0.0
+    assert b[3] - a[3] == pytest.approx(shift) and b[4] - a[4] == pytest.approx(shift)
+    assert b[5] == pytest.approx(a[5])
