@@ -5,6 +5,17 @@ error table: TTFT p50/p99, TPOT p50, output throughput, |sim - real| / real (tar
 
     python benchmarks/simulator_validation.py --profile cpu-1core-135m --out /tmp/val
 
+Calibration first, on other requests than the validation's (so the calibrated column is a
+prediction, not a fit to the runs it is compared with): a colocated and a 1P1D deployment
+each serve a one-token probe (8 short prompts, one at a time) and then a load of the
+validation's shape with another seed. Their workers' ``/metrics`` step histograms give each
+pool's step factor (real mean step / the profile's, ``pdserve plan calibrate metrics``: a
+worker's step carries its gRPC server, event loop and KV traffic besides the engine's step
+the profile timed); the probe's TTFT p50 beyond the rescaled simulation's gives the request
+path's fixed cost (router, gRPC hops, reservation, the first token's way back) as
+``overhead.dispatch_s``. The disaggregated shapes use the 1P1D calibration, the colocated
+one its own; workers that share a core are shared by the simulation, not by the factor.
+
 Placement: this machine has 2 cores; workers are pinned (taskset-like) and the simulation is
 told which workers share a core (processor sharing):
 
@@ -41,6 +52,15 @@ WORKLOAD = {
                  "output_len": "uniform:8:32", "seed": 0},
     "load": {"kind": "open", "rates": [0.25], "warmup_requests": 2},
 }
+
+# Calibration: the same shape of load, other requests; and a one-token probe.
+CAL_WORKLOAD = {**WORKLOAD, "workload": {**WORKLOAD["workload"], "seed": 1}}
+PROBE = {
+    "workload": {"num_requests": 9, "prompt_len": "uniform:32:64", "output_len": "uniform:1:1",
+                 "seed": 2},
+    "load": {"kind": "closed", "concurrency": [1], "warmup_requests": 1},
+}
+CALIBRATED_BY = {"1P1D": "1P1D", "1P2D": "1P1D", "2P1D": "1P1D", "colocated": "colocated"}
 
 # name -> (prefill cpus, decode cpus, core groups for the simulation)
 SHAPES: dict[str, tuple[list[int], list[int], list[dict[str, Any]]]] = {
@@ -87,6 +107,13 @@ def _wait_http(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 300)
 
 def run_real(name: str, config_path: Path, out: Path) -> Summary:
     """Start the shape's processes, run ``pdserve bench``, stop them."""
+    return run_benches(name, [(name, config_path)], out)[name]
+
+
+def run_benches(name: str, benches: list[tuple[str, Path]], out: Path) -> dict[str, Summary]:
+    """Start shape ``name``'s processes, run ``pdserve bench`` with each (label, config) in
+    turn (results in ``out/real-LABEL``), scrape every worker's /metrics into the last
+    one's folder, stop them."""
     from pdserve.launch import wait_healthy
 
     prefill_cpus, decode_cpus, _ = SHAPES[name]
@@ -125,15 +152,18 @@ def run_real(name: str, config_path: Path, out: Path) -> Summary:
                 cmd += ["--decode", t]
             procs.append(_start(cmd, [0, 1], out / f"{name}-router.log"))
         _wait_http(http, procs[-1])
-        res = out / f"real-{name}"
-        subprocess.run([*py, "bench", "--url", f"http://127.0.0.1:{http}/v1", "--config",
-                        str(config_path), "--out", str(res)], env=_env(), check=True,
-                       stdout=subprocess.DEVNULL)
+        summaries = {}
+        for label, config_path in benches:
+            res = out / f"real-{label}"
+            subprocess.run([*py, "bench", "--url", f"http://127.0.0.1:{http}/v1", "--config",
+                            str(config_path), "--out", str(res)], env=_env(), check=True,
+                           stdout=subprocess.DEVNULL)
+            summaries[label] = _summary(res / "results.json")
         from pdserve.plan.calibrate import fetch_metrics
 
         scraped = {role: [fetch_metrics(u) for u in urls] for role, urls in metrics.items()}
         (res / "metrics.json").write_text(json.dumps(scraped), encoding="utf-8")
-        return _summary(res / "results.json")
+        return summaries
     finally:
         for p in procs:
             if p.poll() is None:
@@ -162,13 +192,15 @@ def _slo() -> Any:
     return Slo()
 
 
-def pool_factors(name: str, profile: str, out: Path) -> dict[str, float]:
-    """Per pool: the real workers' mean step time (their /metrics step histograms) over the
-    profile's prediction at their mean step shape (``pdserve plan calibrate metrics``)."""
+def pool_factors(name: str, profile: str, out: Path, label: str | None = None
+                 ) -> dict[str, float]:
+    """Per pool: the real workers' mean step time (their /metrics step histograms, scraped
+    into ``out/real-LABEL``) over the profile's prediction at their mean step shape
+    (``pdserve plan calibrate metrics``)."""
     from pdserve.plan.calibrate import parse_step_metrics, step_factor
     from pdserve.plan.profile_format import load_profile
 
-    path = out / f"real-{name}" / "metrics.json"
+    path = out / f"real-{label or name}" / "metrics.json"
     if not path.exists():
         return {}
     cost = load_profile(profile).step
@@ -201,13 +233,55 @@ def rescaled_profiles(profile: str, factors: dict[str, float], out: Path) -> dic
     return paths
 
 
+def write_config(path: Path, d: dict[str, Any]) -> Path:
+    path.write_text(
+        "[workload]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d["workload"].items())
+        + "[load]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d["load"].items()),
+        encoding="utf-8")
+    load_config(path)
+    return path
+
+
+def calibrate(name: str, profile: str, out: Path, sim_only: bool) -> dict[str, Any]:
+    """Calibrate ``profile`` on deployment ``name`` (1P1D or colocated): run the probe and
+    the calibration load for real (unless ``sim_only``: their results are in ``out``),
+    then return the pool profiles (steps rescaled by the /metrics factors), the cluster
+    profile (``overhead.dispatch_s``: the probe's TTFT p50 beyond the rescaled
+    simulation's) and what was measured."""
+    from dataclasses import replace
+
+    from pdserve.plan.profile_format import Overhead, load_profile, save_profile
+
+    probe, load = f"cal-{name}-probe", f"cal-{name}-load"
+    if not sim_only:
+        run_benches(name, [(probe, write_config(out / "probe.toml", PROBE)),
+                           (load, write_config(out / "cal.toml", CAL_WORKLOAD))], out)
+    factors = pool_factors(name, profile, out, label=load)
+    pools = rescaled_profiles(profile, factors, out)
+    trace = out / f"real-{probe}" / "results.json"
+    config = sim_config(name, profile, trace, pools, workload=PROBE)
+    sim = simulate(config, load_profiles(config)).points[0].summary
+    real = _summary(trace)
+    assert real.ttft_ms is not None and sim.ttft_ms is not None, "the probe got no token"
+    fixed_s = max(0.0, (real.ttft_ms.p50 - sim.ttft_ms.p50) / 1000)
+    base = load_profile(profile)
+    cluster = replace(base, name=f"{base.name}-cal-{name}",
+                      overhead=Overhead(fixed_s, base.overhead.admit_s, base.overhead.stream_s))
+    path = out / f"{cluster.name}.json"
+    save_profile(cluster, path)
+    return {"cluster": str(path), "pools": pools, "factors": factors,
+            "probe_ttft_p50_ms": {"real": real.ttft_ms.p50, "sim": sim.ttft_ms.p50},
+            "dispatch_s": fixed_s}
+
+
 MEAN_CONTEXT = 130.0  # tokens of KV a request of a step reads: the workload's mean context
 
 
 def sim_config(name: str, profile: str, trace: Path | None,
-               pool_profiles: dict[str, str] | None = None) -> SimConfig:
+               pool_profiles: dict[str, str] | None = None,
+               workload: dict[str, Any] | None = None) -> SimConfig:
     prefill_cpus, decode_cpus, groups = SHAPES[name]
-    d: dict[str, Any] = json.loads(json.dumps(WORKLOAD))
+    d: dict[str, Any] = json.loads(json.dumps(workload or WORKLOAD))
     if name == "colocated":
         d["cluster"] = {"mode": "colocated", "num_colocated": 1, "profile": profile}
     else:
@@ -242,15 +316,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulate against the real results already in --out")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    config_path = a.out / "bench.toml"
-    config_path.write_text(
-        "[workload]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in
-                                 WORKLOAD["workload"].items())
-        + "[load]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in WORKLOAD["load"].items()),
-        encoding="utf-8")
-    load_config(config_path)
+    if not a.sim_only:
+        from benchmarks.workloads import ensure_model_folder
+
+        ensure_model_folder(MODEL)  # random weights, SmolLM2-135M's shape, made once
+    config_path = write_config(a.out / "bench.toml", WORKLOAD)
+    shapes = a.shapes.split(",")
+    calibrations = {}
+    for name in dict.fromkeys(CALIBRATED_BY[n] for n in shapes):
+        t0 = time.monotonic()
+        calibrations[name] = cal = calibrate(name, a.profile, a.out, a.sim_only)
+        print(f"calibration on {name} ({time.monotonic() - t0:.0f} s): step factors "
+              f"{cal['factors']}, probe TTFT p50 real {cal['probe_ttft_p50_ms']['real']:.1f} "
+              f"ms vs rescaled sim {cal['probe_ttft_p50_ms']['sim']:.1f} ms: dispatch_s "
+              f"{cal['dispatch_s']:.4f}", file=sys.stderr, flush=True)
     rows = []
-    for name in a.shapes.split(","):
+    for name in shapes:
         t0 = time.monotonic()
         if a.sim_only:
             real = _summary(a.out / f"real-{name}" / "results.json")
@@ -260,23 +341,21 @@ def main(argv: list[str] | None = None) -> int:
         trace = a.out / f"real-{name}" / "results.json"
         config = sim_config(name, a.profile, trace)
         sim = simulate(config, load_profiles(config)).points[0].summary
-        factors = pool_factors(name, a.profile, a.out)
-        rescaled = None
-        if factors:
-            c2 = sim_config(name, a.profile, trace, rescaled_profiles(a.profile, factors, a.out))
-            rescaled = simulate(c2, load_profiles(c2)).points[0].summary
+        cal = calibrations[CALIBRATED_BY[name]]
+        c2 = sim_config(name, cal["cluster"], trace, cal["pools"])
+        calibrated = simulate(c2, load_profiles(c2)).points[0].summary
         errs = []
         for label, get in METRICS:
-            r, s = get(real), get(sim)
-            x = get(rescaled) if rescaled is not None else float("nan")
+            r, s, x = get(real), get(sim), get(calibrated)
             errs.append((label, r, s, abs(s - r) / r if r else float("nan"), x,
                          abs(x - r) / r if r else float("nan")))
         rows.append((name, wall, real.num_completed, errs))
-        print(f"{name}: step-time factors from /metrics: {factors}", file=sys.stderr)
-        print(f"{name}: real run {wall:.0f} s", file=sys.stderr, flush=True)
-    print(f"\nprofile {a.profile}; workload {WORKLOAD}; sim replays each real run's trace\n")
-    print("| shape | metric | real | simulated | error | sim, steps rescaled by the run's "
-          "/metrics | error |")
+        # The run's own factors: a consistency check, not used by the prediction.
+        print(f"{name}: real run {wall:.0f} s; its own /metrics step factors "
+              f"{pool_factors(name, a.profile, a.out)}", file=sys.stderr, flush=True)
+    print(f"\nprofile {a.profile}; workload {WORKLOAD}; sim replays each real run's trace; "
+          f"calibrated on {CAL_WORKLOAD['workload']} and the probe {PROBE['workload']}\n")
+    print("| shape | metric | real | simulated | error | calibrated sim | error |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, _wall, n, errs in rows:
         for label, r, s, e, x, ex in errs:
@@ -284,10 +363,11 @@ def main(argv: list[str] | None = None) -> int:
             flag2 = "" if ex <= 0.15 else " (miss)"
             print(f"| {name} ({n} req) | {label} | {r:.1f} | {s:.1f} | {100 * e:.0f}%{flag} "
                   f"| {x:.1f} | {100 * ex:.0f}%{flag2} |")
-    keys = ("metric", "real", "sim", "error", "sim_rescaled", "error_rescaled")
+    keys = ("metric", "real", "sim", "error", "sim_calibrated", "error_calibrated")
     (a.out / "errors.json").write_text(json.dumps(
-        [{"shape": n, "errors": [dict(zip(keys, e, strict=True)) for e in errs]}
-         for n, _, _, errs in rows], indent=1) + "\n")
+        {"calibrations": calibrations,
+         "shapes": [{"shape": n, "errors": [dict(zip(keys, e, strict=True)) for e in errs]}
+                    for n, _, _, errs in rows]}, indent=1) + "\n")
     return 0
 
 

@@ -87,6 +87,7 @@ class EngineModel:
         self.swapped: list[Seq] = []
         self.held: set[Seq] = set()  # EXPORT: prompt done, blocks kept for the transfer
         self.reserved: set[Seq] = set()  # REMOTE: blocks reserved, KV still arriving
+        self.first_pending: list[Seq] = []  # REMOTE: admitted, first token not yet out
         # Decoding requests, in aggregate.
         self.steps = 0
         self.decoding = DecodingSet(self.bs)
@@ -153,8 +154,10 @@ class EngineModel:
         return True
 
     def admit(self, seq: Seq) -> None:
-        """REMOTE: every block arrived; the first token (sampled by prefill) goes out now and
-        the request joins the batch at the next step. Call through ``post``."""
+        """REMOTE: every block arrived; the request joins the batch at the next step, and the
+        first token (sampled by prefill) goes out with that step's outputs, at its end (the
+        engine imports at a step's start and returns its outputs at the end, its second
+        token with them). Call through ``post``."""
         from pdserve.plan.step_plan import publish_prefix
 
         self.reserved.discard(seq)
@@ -162,13 +165,20 @@ class EngineModel:
         publish_prefix(self, seq)  # the engine caches the arrived prompt's blocks
         seq.num_tokens += 1
         seq.num_out = 1
-        seq.last_token_s = self.loop.now
-        self.hooks.first_token(self, seq)
+        self.first_pending.append(seq)
         if seq.num_out >= seq.req.num_output:
-            self.free_blocks(seq, seq.num_blocks)
-            self.hooks.finished(self, seq)
+            self.free_blocks(seq, seq.num_blocks)  # finished at import; told at the step end
             return
         self.ready.append(seq)
+
+    def _first_tokens_out(self) -> None:
+        """The admitted requests' first tokens reach the step's outputs (now)."""
+        pending, self.first_pending = self.first_pending, []
+        for seq in pending:
+            seq.last_token_s = self.loop.now
+            self.hooks.first_token(self, seq)
+            if seq.num_out >= seq.req.num_output:
+                self.hooks.finished(self, seq)
 
     def release(self, seq: Seq) -> None:
         """EXPORT: the transfer is over; free the held blocks. Idempotent."""
@@ -243,6 +253,8 @@ class EngineModel:
             work = plan_exact(self)
             if work is not None:
                 self._begin("step", work)
+            elif self.first_pending:  # a step with nothing to compute returns at once
+                self._first_tokens_out()
         finally:
             self._in_wake = False
             if self.on_load_change is not None:
@@ -255,6 +267,8 @@ class EngineModel:
 
     def _job_done(self) -> None:
         self.busy_s += self.loop.now - self.t_start
+        if self.first_pending:  # before the step's own tokens: its gaps start here
+            self._first_tokens_out()
         if self._job == "run":
             self._end_run()
         else:
@@ -268,8 +282,8 @@ class EngineModel:
     def _try_run(self) -> bool:
         """Start a decode run if the next steps are all alike; False to plan exactly (with
         every request where it was)."""
-        if self.prefilling or self.swapped or self.stale:
-            return False
+        if self.prefilling or self.swapped or self.stale or self.first_pending:
+            return False  # (an admission's step is exact: its first token goes out at its end)
         s = self.settings
         joined: list[Seq] = []
         while self.ready and len(self.running) < s.max_num_seqs:  # joins at the boundary

@@ -169,3 +169,21 @@ def test_admit_overhead_delays_a_transferred_prompt_only(mode: str) -> None:
     shift = 0.25 if mode == "disaggregated" else 0.0
     assert b[3] - a[3] == pytest.approx(shift) and b[4] - a[4] == pytest.approx(shift)
     assert b[5] == pytest.approx(a[5])
+
+
+def test_an_imported_prompt_streams_its_first_token_at_the_end_of_the_step_it_joins() -> None:
+    """As the engine does (imports at a step's start, outputs at its end): a lone
+    disaggregated request's first token goes out one decode step after its KV landed,
+    together with its second; with one output token it goes out when the KV lands."""
+    profile = make_profile()
+
+    def lone(num_output: int) -> tuple[Any, ...]:
+        d = config_dict(workload={"num_requests": 1, "prompt_len": "uniform:200:200",
+                                  "output_len": f"uniform:{num_output}:{num_output}"},
+                        load={"kind": "closed", "concurrency": [1]}, sim={"records": "full"})
+        (rec,) = records_of(simulate(SimConfig.from_dict(d), {"test-cpu": profile}))
+        return rec
+
+    one, eight = lone(1), lone(8)
+    assert eight[3] - one[3] == pytest.approx(profile.step.decode_seconds(1, 201))
+    assert eight[5][0] == 0.0 and all(g > 0 for g in eight[5][1:])
