@@ -12,7 +12,8 @@ with the last blocks, and tells the scheduler when the blocks may be reused.
                                             reads the blocks any more
 
 Ownership: a request's blocks are freed only when both the scheduler has finished the request
-and its job has ended; whichever comes second frees them.
+and its job has ended; whichever comes second frees them. A request the engine drops (aborted,
+failed) before its prompt is done cancels its job at once.
 
 Leases: decode releases a reservation nobody writes to or renews for one lease, and a prompt
 may wait in this worker's queue far longer than that; so a job renews every third of a lease
@@ -30,11 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.kv_connector.base import KVConnectorOutput, KVSave
-from engine.request import Request
+from engine.request import Request, RequestStatus
 from kv_transfer.errors import KVTransferError
 from kv_transfer.sender import OutgoingTransfer
 
 logger = logging.getLogger(__name__)
+
+_DROPPED = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
 
 
 class EngineStalledError(RuntimeError):
@@ -113,6 +116,10 @@ class PrefillConnector:
         if not request.is_export:
             return False
         rid = request.request_id
+        if request.status in _DROPPED:
+            # The engine dropped the prompt (aborted, failed): its job would otherwise wait
+            # for blocks that never come, renewing decode's lease, until a renewal failed.
+            self._cancel_soon(rid)
         with self._lock:
             if rid in self._ended:
                 self._ended.discard(rid)
@@ -126,6 +133,12 @@ class PrefillConnector:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closing: jobs are cancelled
             loop.call_soon_threadsafe(self._dispatch, list(saves))
+
+    def _cancel_soon(self, request_id: str) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing: jobs are cancelled
+                loop.call_soon_threadsafe(self.cancel_job, request_id)
 
     def get_finished(self) -> KVConnectorOutput:
         with self._lock:

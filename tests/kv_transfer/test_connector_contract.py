@@ -224,7 +224,9 @@ def test_abort_during_remote_prefill_frees_both_sides(aio, llama, transport) -> 
                 await asyncio.sleep(0.001)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await _wait_free(pair)
+            # Well before the job's first renewal (a third of the 30 s lease): dropping the
+            # prompt ends its export; it used to wait for that renewal to fail.
+            await _wait_free(pair, timeout_s=5.0)
 
         aio.run(run())
 
