@@ -29,6 +29,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.kv_connector.base import KVConnectorOutput, KVSave
 from engine.request import Request, RequestStatus
@@ -119,7 +120,7 @@ class PrefillConnector:
         if request.status in _DROPPED:
             # The engine dropped the prompt (aborted, failed): its job would otherwise wait
             # for blocks that never come, renewing decode's lease, until a renewal failed.
-            self._cancel_soon(rid)
+            self._on_loop(self.cancel_job, rid)
         with self._lock:
             if rid in self._ended:
                 self._ended.discard(rid)
@@ -128,17 +129,14 @@ class PrefillConnector:
             return True
 
     def save_kv(self, saves: Sequence[KVSave]) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closing: jobs are cancelled
-            loop.call_soon_threadsafe(self._dispatch, list(saves))
+        self._on_loop(self._dispatch, list(saves))
 
-    def _cancel_soon(self, request_id: str) -> None:
+    def _on_loop(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run ``fn(arg)`` on the jobs' event loop (from the engine thread)."""
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closing: jobs are cancelled
-                loop.call_soon_threadsafe(self.cancel_job, request_id)
+                loop.call_soon_threadsafe(fn, arg)
 
     def get_finished(self) -> KVConnectorOutput:
         with self._lock:

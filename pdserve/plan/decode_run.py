@@ -25,7 +25,7 @@ class DecodeRun:
     __slots__ = ("a", "blocks", "k", "slope", "until")
 
     def __init__(self, k: int, a: float, slope: float) -> None:
-        self.k = k  # steps (a cut makes it smaller: ``engine_model._cut_run``)
+        self.k = k  # steps (a cut makes it smaller: ``run_plan.cut_run``)
         self.a = a  # the first step's work
         self.slope = slope  # each step's growth
         self.blocks = 0  # the worker's reported blocks, valid while work done < until

@@ -10,8 +10,8 @@ Two ways to advance, with the same result:
 
 * an **exact step** (``step_plan.plan_exact``): the scheduler's loop over every request; used
   whenever a step holds a prefill chunk, a swap or a preemption, or the budget binds;
-* a **decode run**: every running request is one token behind and nothing can join, so the
-  next k steps are alike (each context one token longer). The run is one job of
+* a **decode run** (``run_plan``): every running request is one token behind and nothing can
+  join, so the next k steps are alike (each context one token longer). The run is one job of
   ``k x t(B, K) + slope x k(k-1)/2`` seconds, k = steps to the next finish or to the step
   where blocks run out; a command arriving mid-run cuts it at the end of the step in
   progress. Decoding requests carry ``computed = offset + steps``, so a run touches none of
@@ -31,6 +31,7 @@ from pdserve.plan.decode_run import DecodeRun
 from pdserve.plan.decoding_set import DecodingSet
 from pdserve.plan.events import EventLoop
 from pdserve.plan.kv_pool import KvPool
+from pdserve.plan.run_plan import cut_run, end_run, try_run
 from pdserve.plan.seq import Seq
 from pdserve.plan.worker_settings import WorkerSettings
 
@@ -98,7 +99,7 @@ class EngineModel:
         self.t_start = 0.0
         self.chunks: list[tuple[Seq, int]] = []
         self.skipped: list[Seq] = []  # decoding requests the last exact step's budget missed
-        self._run = DecodeRun(0, 0.0, 0.0)  # the current (or last) decode run
+        self.current_run = DecodeRun(0, 0.0, 0.0)  # the current (or last) decode run
         self._in_wake = False
         self._boundary_in_use = 0
         # Told after anything a load report reads may have changed (the router's view), or
@@ -124,7 +125,7 @@ class EngineModel:
             if not self._in_wake:
                 self._wake()
         elif self._job == "run":
-            self._cut_run()  # what a report reads now is unchanged (a cut ends it sooner)
+            cut_run(self)  # what a report reads now is unchanged (a cut ends it sooner)
 
     def add(self, seq: Seq) -> None:
         """Queue a FULL or EXPORT request (call through ``post``)."""
@@ -246,13 +247,13 @@ class EngineModel:
                     fn(arg)
             self._job = None
             self._boundary_in_use = self.pool.num_in_use
-            if self.fast and self._try_run():
+            if self.fast and try_run(self):
                 return
             from pdserve.plan.step_plan import plan_exact
 
             work = plan_exact(self)
             if work is not None:
-                self._begin("step", work)
+                self.begin_job("step", work)
             elif self.first_pending:  # a step with nothing to compute returns at once
                 self._first_tokens_out()
         finally:
@@ -260,7 +261,7 @@ class EngineModel:
             if self.on_load_change is not None:
                 self.on_load_change()
 
-    def _begin(self, job: str, work: float) -> None:
+    def begin_job(self, job: str, work: float) -> None:
         self._job = job
         self.t_start = self.loop.now
         self.lane.start(work, self._job_done)
@@ -270,7 +271,7 @@ class EngineModel:
         if self.first_pending:  # before the step's own tokens: its gaps start here
             self._first_tokens_out()
         if self._job == "run":
-            self._end_run()
+            end_run(self)
         else:
             from pdserve.plan.step_plan import finish_exact
 
@@ -279,52 +280,6 @@ class EngineModel:
         self._wake()
 
     # ------------------------------------------------------------- decode runs
-    def _try_run(self) -> bool:
-        """Start a decode run if the next steps are all alike; False to plan exactly (with
-        every request where it was)."""
-        if self.prefilling or self.swapped or self.stale or self.first_pending:
-            return False  # (an admission's step is exact: its first token goes out at its end)
-        s = self.settings
-        joined: list[Seq] = []
-        while self.ready and len(self.running) < s.max_num_seqs:  # joins at the boundary
-            seq = self.ready.popleft()  # its blocks hold the prompt: a decode needs no more
-            self.running[seq] = None
-            self.start_decoding(seq)
-            joined.append(seq)
-        b = self.decoding.count
-        k = 0
-        if not self.ready and 0 < b <= s.max_num_batched_tokens and b == len(self.running):
-            if not (self.waiting and self._can_admit_head(b)):
-                k = self.decoding.next_finish_step() - self.steps
-                # A run never evicts a cached prefix: an exact step does it when it must.
-                k = self.decoding.max_steps_for(k, self.pool.num_free_uncached, self.steps)
-        if k <= 0:
-            for seq in reversed(joined):  # back to the ready queue, as if never taken
-                self._unjoin(seq)
-            return False
-        context = self.decoding.sum_offset + b * (self.steps + 1)  # every context after step 1
-        first = self.cost.decode_seconds(b, context)
-        slope = self.cost.decode_slope(b)
-        self._run = DecodeRun(k, first, slope)
-        self._begin("run", self._run.work(k))
-        return True
-
-    def _unjoin(self, seq: Seq) -> None:
-        self.decoding.remove(seq)
-        del self.running[seq]
-        self.ready.appendleft(seq)
-
-    def _can_admit_head(self, num_decode_tokens: int) -> bool:
-        """Whether the scheduler would admit the first waiting request in the next step (it
-        stays blocked through a decode run: blocks and seats only free up at a finish)."""
-        from pdserve.plan.step_plan import admission
-
-        s = self.settings
-        if len(self.running) >= s.max_num_seqs or num_decode_tokens >= s.max_num_batched_tokens:
-            return False
-        plan = admission(self, self.waiting[0], s.max_num_batched_tokens - num_decode_tokens)
-        return plan is not None and plan[2] + self.extra_blocks(1) <= self.pool.num_free
-
     @property
     def num_blocks_in_use(self) -> int:
         """KV blocks in use as of the last step's end (what a load report says)."""
@@ -332,12 +287,14 @@ class EngineModel:
             return self.pool.num_in_use
         if self._job == "step":
             return self._boundary_in_use  # before this step took its blocks
-        run = self._run
+        run = self.current_run
         done = self.lane.work_done()
         if done >= run.until:  # nothing else moves during a run: hold it to its next change
             m = run.steps_done(done)
-            run.hold(self.pool.num_in_use + self.extra_blocks(m),
-                     self.decoding.next_growth(m, self.steps))
+            run.hold(
+                self.pool.num_in_use + self.extra_blocks(m),
+                self.decoding.next_growth(m, self.steps),
+            )
         return run.blocks
 
     @property
@@ -347,39 +304,7 @@ class EngineModel:
         bound, never later than the change); infinite otherwise."""
         if self._job != "run":
             return math.inf
-        return self.lane.time_at(self._run.until) - 1e-9
-
-    def _cut_run(self) -> None:
-        """End the run at the end of the step in progress (a command is waiting)."""
-        run = self._run
-        m = max(1, min(run.k, math.ceil(run.steps(self.lane.work_done()) - 1e-9)))
-        if m == run.k:
-            return
-        run.k = m
-        self.lane.set_total(run.work(m))
-
-    def _end_run(self) -> None:
-        run = self._run
-        k, a, slope = run.k, run.a, run.slope
-        t0, t1 = self.t_start, self.loop.now
-        b = self.decoding.count
-        taken = self.pool.allocate(self.extra_blocks(k))
-        assert taken, "a decode run outgrew its blocks"
-        work = run.work(k)
-        scale = (t1 - t0) / work if work > 0 else 0.0
-        self.sink.gaps(a * scale, (a + slope * (k - 1)) * scale, k, b)
-        if self.record_tokens:
-            ends, w = [], 0.0
-            for j in range(k):
-                w += a + slope * j
-                ends.append(t0 + w * scale)
-            ends[-1] = t1
-            for seq in self.running:
-                seq.req.token_times.extend(ends)  # type: ignore[union-attr]
-        self.steps += k
-        self.num_steps_run += k
-        self.num_tokens_computed += k * b
-        self.pop_finished()
+        return self.lane.time_at(self.current_run.until) - 1e-9
 
     def pop_finished(self) -> None:
         """Decoding requests whose last token came with the step just ended."""

@@ -69,16 +69,16 @@ def _pulse(w: WorkerProcess) -> None:
     reservations run out before the fault (a CI run once saw every attempt of every request
     end "expired", none "peer_lost", so before the connections were cut)."""
     start = w.cpu_seconds()
-    began = time.monotonic()
+    deadline = time.monotonic() + PULSE_MAX_S
     w.resume()
     try:
-        while True:
+        if start is None:  # no /proc: a fixed pulse
+            time.sleep(PULSE_CPU_S)
+            return
+        while time.monotonic() < deadline:
             time.sleep(0.001)
             ran = w.cpu_seconds()
-            if start is None or ran is None:  # no /proc: a fixed pulse
-                time.sleep(PULSE_CPU_S)
-                return
-            if ran - start >= PULSE_CPU_S or time.monotonic() - began >= PULSE_MAX_S:
+            if ran is None or ran - start >= PULSE_CPU_S:
                 return
     finally:
         w.pause()
