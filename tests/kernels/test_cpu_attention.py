@@ -75,6 +75,28 @@ def test_mixed_prefill_and_decode(heads, kv_heads, dim, block_size):
     _check(case, 0.3, None, torch.float32)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (4, 2, 48), (6, 3, 20), (12, 4, 16)]
+)
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_short_rows_one_item_per_request(heads, kv_heads, dim, window, threads):
+    # Enough decode-sized requests (>= 4 per thread) that each becomes one item over all KV
+    # heads, read key-major with the next block prefetched: 1-3 new tokens (rows up to 32),
+    # contexts ragged around block edges, some spanning many blocks.
+    query_lens = [1, 1, 2, 1, 3, 1, 1, 2, 1, 1, 1, 3][: 32 // heads * 4] * 2
+    context_lens = [0, 15, 16, 17, 31, 100, 5, 48, 63, 64, 300, 2] * 2
+    context_lens = context_lens[: len(query_lens)]
+    query_lens = [min(n, 32 // heads) for n in query_lens]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        case = _case(heads, kv_heads, dim, 16, query_lens, context_lens, torch.float32)
+        _check(case, dim**-0.5, window, torch.float32)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("window", [1, 5, 16, 24, 100])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_sliding_window(window, block_size):
