@@ -40,6 +40,10 @@ class Loaded:
     run: Callable[[Requests], list[list[int]]]
     settings: dict[str, Any]
     close: Callable[[], None] = lambda: None
+    # Empties the engine's prefix cache before each timed pass, so no pass reuses the prompts
+    # an earlier one computed (every pass prefills in full, as the physical floor assumes);
+    # returns whether it did. None: the engine keeps no prefix cache across calls.
+    reset_prefix_cache: Callable[[], bool] | None = None
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -101,7 +105,7 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
         outputs = llm.generate(prompts, params)
         return [list(o.token_ids) for o in outputs]
 
-    return Loaded(load_s, run, {"llm_kwargs": kwargs})
+    return Loaded(load_s, run, {"llm_kwargs": kwargs}, reset_prefix_cache=llm.reset_prefix_cache)
 
 
 def load_pdserve_torch(model: str, options: dict[str, Any]) -> Loaded:
@@ -269,7 +273,7 @@ def load_vllm(model: str, options: dict[str, Any]) -> Loaded:
         # Stops the engine-core and worker processes; os._exit would leave them running.
         llm.llm_engine.engine_core.shutdown()
 
-    return Loaded(load_s, run, settings, close)
+    return Loaded(load_s, run, settings, close, reset_prefix_cache=llm.reset_prefix_cache)
 
 
 LOADERS: dict[str, Callable[[str, dict[str, Any]], Loaded]] = {
@@ -295,6 +299,8 @@ def run_engine(engine: str, spec: dict[str, Any]) -> dict[str, Any]:
     passes = []
     outputs: list[list[int]] = []
     for _ in range(int(spec["repeats"])):
+        if loaded.reset_prefix_cache is not None and not loaded.reset_prefix_cache():
+            raise RuntimeError(f"{engine}: could not reset its prefix cache between passes")
         busy0, total0 = _cpu_jiffies()
         own0 = _tree_cpu_jiffies()
         t0 = time.perf_counter()

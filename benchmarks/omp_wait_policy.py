@@ -1,9 +1,14 @@
 """A/B of OpenMP's wait policy for pdserve's offline engine, alternating in fresh processes.
 
-    python benchmarks/omp_wait_policy.py --num-requests 8 --rounds 2
+    python benchmarks/omp_wait_policy.py --num-requests 8 --rounds 2 \
+        [--policies PASSIVE ACTIVE SPIN10000] [--busy 2]
 
-Each run is a child process with ``OMP_WAIT_POLICY`` set before torch loads; policies alternate
-(PASSIVE, ACTIVE, PASSIVE, ...) so drifting machine load hits both. Prints output tok/s per run.
+Each run is a child process with the policy set before torch loads; policies alternate (PASSIVE,
+ACTIVE, PASSIVE, ...) so drifting machine load hits both. A policy is ``PASSIVE`` or ``ACTIVE``
+(``OMP_WAIT_POLICY``) or ``SPIN<n>``: no wait policy and ``GOMP_SPINCOUNT=n`` (libgomp's threads
+spin n rounds at a region's end, then sleep; pdserve's default, ``SPIN10000``). ``--busy n``
+runs n single-threaded busy loops beside every run: the shared machine whose cores the threads
+lose while they spin. Prints output tok/s per run and each policy's median.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -45,31 +51,59 @@ def main() -> int:
         type=Path,
         default=Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32",
     )
+    p.add_argument("--policies", nargs="+", default=["PASSIVE", "ACTIVE"])
+    p.add_argument("--busy", type=int, default=0, help="busy loops beside each run")
     a = p.parse_args()
     sys.path.insert(0, str(REPO))
     from benchmarks.workloads import ensure_model_folder
 
     folder = ensure_model_folder(a.model_dir)
     print(f"{'policy':8} {'round':>5} {'prompt':>7} {'output':>7} {'seconds':>8} {'tok/s':>7}")
+    results: dict[str, list[float]] = {policy: [] for policy in a.policies}
     for r in range(a.rounds):
-        for policy in ("PASSIVE", "ACTIVE"):
-            env = {**os.environ, "OMP_WAIT_POLICY": policy, "PYTHONPATH": str(REPO)}
-            out = subprocess.run(
-                [sys.executable, "-c", _CHILD, str(folder), str(a.num_requests), str(a.seed)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=REPO,
-            )
+        for policy in a.policies:
+            busy = [
+                subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)
+            ]
+            try:
+                out = subprocess.run(
+                    [sys.executable, "-c", _CHILD, str(folder), str(a.num_requests), str(a.seed)],
+                    env=policy_env(policy),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=REPO,
+                )
+            finally:
+                for b in busy:
+                    b.kill()
+                    b.wait()
             res = json.loads(out.stdout.strip().splitlines()[-1])
             tps = res["output_tokens"] / res["seconds"]
+            results[policy].append(tps)
             print(
                 f"{policy:8} {r + 1:>5} {res['prompt_tokens']:>7} {res['output_tokens']:>7} "
                 f"{res['seconds']:>8.1f} {tps:>7.1f}",
                 flush=True,
             )
+    base = statistics.median(results[a.policies[0]])
+    for policy, tps_list in results.items():
+        med = statistics.median(tps_list)
+        print(f"{policy:8} median {med:.1f} tok/s, {med / base:.2f}x {a.policies[0]}")
     return 0
+
+
+def policy_env(policy: str) -> dict[str, str]:
+    """The child's environment for one policy (see the module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["PYTHONPATH"] = str(REPO)
+    if policy.startswith("SPIN"):
+        env["GOMP_SPINCOUNT"] = policy.removeprefix("SPIN")
+    elif policy in ("PASSIVE", "ACTIVE"):
+        env["OMP_WAIT_POLICY"] = policy
+    else:
+        raise SystemExit(f"unknown policy {policy!r}: PASSIVE, ACTIVE or SPIN<n>")
+    return env
 
 
 if __name__ == "__main__":

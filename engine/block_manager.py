@@ -220,6 +220,20 @@ class BlockManager:
         if host is not None:
             self._host_free.extend(reversed(host))
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block hash, as vLLM's ``reset_prefix_cache``: the blocks stay
+        free but no later prompt hits them (a benchmark's passes start cold; weights were
+        swapped). Only while no request holds a block (device or host); returns whether it
+        reset."""
+        if self._tables or self._host_tables:
+            return False
+        for h in self._cached:
+            if self._kv_events is not None:
+                self._kv_events.append(("removed", h))
+        self._cached.clear()
+        self._block_hash = [None] * self.num_blocks
+        return True
+
     # --------------------------------------------------------------------- swap
     def can_swap_out(self, request_id: str) -> bool:
         return len(self._tables.get(request_id, ())) <= len(self._host_free)

@@ -278,6 +278,11 @@ class LLMEngine:
             return False
         return True
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (``BlockManager.reset_prefix_cache``); False while any
+        request holds blocks."""
+        return self.block_manager.reset_prefix_cache()
+
     def has_work(self) -> bool:
         """True when ``step()`` would do something now: schedulable requests, or connector
         news (requests that only wait for remote KV need no step)."""

@@ -23,6 +23,12 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt block, so the next prompts are computed in full (as
+        vLLM's ``LLM.reset_prefix_cache``). Returns False, changing nothing, while requests
+        hold blocks; between ``generate`` calls none do."""
+        return self.engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

@@ -59,6 +59,32 @@ def test_eviction_order_lru_and_prefix_hits() -> None:
     bm.check_integrity()
 
 
+def test_reset_prefix_cache_forgets_hashes_only_when_nothing_is_held() -> None:
+    bm = BlockManager(8, 4)
+    bm.enable_kv_events()
+    h = hash_block_tokens(list(range(9)), 4)
+    bm.allocate("a", 9)
+    bm.cache_blocks("a", h, num_computed_tokens=9)
+    assert not bm.reset_prefix_cache()  # "a" still holds its blocks: nothing changes
+    assert bm.find_cached_prefix(h) == [0, 1]
+    bm.free("a")
+    assert bm.reset_prefix_cache()
+    assert bm.find_cached_prefix(h) == [] and bm.cached_block(h[0]) is None
+    assert bm.num_free_blocks == 8
+    assert bm.take_kv_events() == [
+        ("stored", h[0]),
+        ("stored", h[1]),
+        ("removed", h[0]),
+        ("removed", h[1]),
+    ]
+    # The blocks come back as plain free blocks; caching works again after the reset.
+    assert bm.allocate("b", 9) is not None
+    bm.cache_blocks("b", h, num_computed_tokens=9)
+    assert len(bm.find_cached_prefix(h)) == 2
+    bm.free("b")
+    bm.check_integrity()
+
+
 def test_shared_blocks_are_refcounted() -> None:
     bm = BlockManager(6, 4)
     h = hash_block_tokens(list(range(8)), 4)

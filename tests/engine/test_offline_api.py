@@ -115,6 +115,20 @@ def test_streaming_deltas_add_up(llm: LLM) -> None:
     assert "".join(deltas) == final.text and ids == final.token_ids
 
 
+def test_reset_prefix_cache_makes_the_next_pass_cold(llm: LLM, llama: Path) -> None:
+    prompt = {"prompt_token_ids": list(range(3, 70))}  # several full blocks
+    first = llm.generate(prompt, greedy(5))[0].token_ids
+    hits = llm.engine.stats().num_prefix_hit_blocks
+    assert llm.generate(prompt, greedy(5))[0].token_ids == first
+    assert llm.engine.stats().num_prefix_hit_blocks > hits  # the repeat hit the cache
+    assert llm.reset_prefix_cache()
+    hits = llm.engine.stats().num_prefix_hit_blocks
+    assert llm.generate(prompt, greedy(5))[0].token_ids == first
+    assert llm.engine.stats().num_prefix_hit_blocks == hits  # computed in full
+    assert first == hf_greedy(llama, prompt["prompt_token_ids"], 5)
+    assert_pool_free(llm.engine)
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "match"),
     [
