@@ -25,10 +25,12 @@ constexpr int kMaxKC = 768;                     // K block: a panel slice of kc 
 constexpr int kMC = 192;                        // row block at prefill sizes (multiple of MR)
 
 // y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
-// of accumulating; only the first `nvalid` columns are stored.
+// of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
+// `pf_lines` cache lines from `pf` (one per k: spread over the arithmetic).
 template <int R>
 void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float* y,
-                  int64_t ldy, int nvalid, bool init, const float* bias) {
+                  int64_t ldy, int nvalid, bool init, const float* bias, const char* pf,
+                  int pf_lines) {
   vf c0[R], c1[R];
   if (init) {
     vf b0 = vf{}, b1 = vf{};
@@ -52,6 +54,7 @@ void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float
     }
   }
   for (int k = 0; k < kc; ++k) {
+    if (k < pf_lines) __builtin_prefetch(pf + k * 64);
     const vf w0 = load(panel + k * NB);
     const vf w1 = load(panel + k * NB + W);
 #pragma GCC unroll 12
@@ -75,7 +78,7 @@ void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float
 }
 
 using MicroKernel = void (*)(const float*, int64_t, const float*, int, float*, int64_t, int, bool,
-                             const float*);
+                             const float*, const char*, int);
 
 template <int... Rs>
 struct KernelTable {
@@ -133,10 +136,21 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
         for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
           const int kc = static_cast<int>(std::min(kc_size, k - k0));
           const float* panel = packed + p * k * NB + k0 * NB;
-          for (int64_t r = m0; r < m1; r += MR) {
+          // The weights stream on: the next kc x NB slice (the next K block or the next panel,
+          // contiguous) is prefetched while this one is multiplied, its lines shared out over
+          // the row blocks, so its fetch overlaps their arithmetic (the hardware prefetcher
+          // only follows demand misses, and the row blocks after the first miss nothing).
+          const bool last = p + 1 == p_end && k0 + kc >= k;
+          const char* next = reinterpret_cast<const char*>(panel + kc * NB);
+          const int64_t lines = last ? 0 : (static_cast<int64_t>(kc) * NB * 4 + 63) / 64;
+          const int64_t blocks = (m1 - m0 + MR - 1) / MR;
+          const int64_t per = (lines + blocks - 1) / blocks;
+          for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
             const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+            const int64_t first = std::min(lines, rb * per);
+            const int n = static_cast<int>(std::min(lines, first + per) - first);
             kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + r * ldy + p * NB, ldy, nvalid,
-                          k0 == 0, b);
+                          k0 == 0, b, next + first * 64, std::min(n, kc));
           }
         }
       }
