@@ -227,9 +227,8 @@ class BlockManager:
         reset."""
         if self._tables or self._host_tables:
             return False
-        for h in self._cached:
-            if self._kv_events is not None:
-                self._kv_events.append(("removed", h))
+        if self._kv_events is not None:
+            self._kv_events.extend(("removed", h) for h in self._cached)
         self._cached.clear()
         self._block_hash = [None] * self.num_blocks
         return True

@@ -143,29 +143,43 @@ void pv(const float* P, int ld, int rows, int nk, const float* V, int64_t vs, fl
   if (r < rows) pv_rows<D, 1>(P + r * ld, ld, nk, V, vs, O + r * dd, d);
 }
 
+// The part of the next block's span that a key-major pass prefetches at keys [j, j + 4): the
+// same four slots of the block at pf (pf_nk keys; nothing when pf is null or j >= pf_nk). The
+// pass issues it in `parts` pieces, one before each head's (or row's) work, so the fetches stay
+// spread over the arithmetic.
+struct NextSpan {
+  const char* base = nullptr;
+  int bytes = 0;
+  NextSpan(const float* pf, int pf_nk, int j, int64_t stride) {
+    if (pf == nullptr || j >= pf_nk) return;
+    base = reinterpret_cast<const char*>(pf + j * stride);
+    bytes = static_cast<int>(std::min(4, pf_nk - j) * stride * sizeof(float));
+  }
+  void prefetch_part(int part, int parts) const {
+    const int step = (bytes / parts + 63) / 64 * 64;
+    for (int b = part * step; b < std::min(bytes, (part + 1) * step); b += 64)
+      __builtin_prefetch(base + b);
+  }
+};
+
 // Key-major variants for an item that covers every KV head (decode rows): a block's K (and then
 // its V) is walked four slots at a time, all heads of those slots together, so the block is
 // read as one linear span; head by head it is read in as many strided passes as there are heads
 // (a plain read of this layout: 10.5 GB/s linear, 8.6 GB/s head by head, one core). While it
-// reads, each also prefetches the same span of the next block (pf, pf_nk keys; none if null),
-// a few lines per head or row so the fetches stay spread over the arithmetic. Rows of head h
+// reads, each also prefetches the same span of the next block (NextSpan). Rows of head h
 // are [h * per_head, (h + 1) * per_head) of Q, S and O.
 template <int D>
 void scores_heads(const float* Q, int heads, int per_head, int d, const float* K, int64_t ks,
                   int64_t kh, int nk, float* S, int ld, const float* pf, int pf_nk) {
   const int dd = D > 0 ? D : d;
   for (int j = 0; j < nk; j += 4) {
-    const bool fetch = pf != nullptr && j < pf_nk;
-    const char* pbase = fetch ? reinterpret_cast<const char*>(pf + j * ks) : nullptr;
-    const int pbytes = fetch ? static_cast<int>(std::min(4, pf_nk - j) * ks * sizeof(float)) : 0;
-    const int pstep = (pbytes / heads + 63) / 64 * 64;
+    const NextSpan next(pf, pf_nk, j, ks);
     const float* k0 = K + j * ks;
     const float* k1 = K + std::min(j + 1, nk - 1) * ks;
     const float* k2 = K + std::min(j + 2, nk - 1) * ks;
     const float* k3 = K + std::min(j + 3, nk - 1) * ks;
     for (int h = 0; h < heads; ++h) {
-      for (int b = h * pstep; b < std::min(pbytes, (h + 1) * pstep); b += 64)
-        __builtin_prefetch(pbase + b);
+      next.prefetch_part(h, heads);
       const int64_t o = h * kh;
       const float* q = Q + h * per_head * dd;
       float* sh = S + h * per_head * ld + j;
@@ -174,7 +188,8 @@ void scores_heads(const float* Q, int heads, int per_head, int d, const float* K
         dot_4keys<D, 3>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
       for (; r + 2 <= per_head; r += 2)
         dot_4keys<D, 2>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
-      if (r < per_head) dot_4keys<D, 1>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
+      if (r < per_head)
+        dot_4keys<D, 1>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
     }
   }
 }
@@ -186,19 +201,15 @@ void pv_heads(const float* P, int ld, int heads, int per_head, int nk, const flo
               int64_t vs, int64_t vh, float* O, int d, const float* pf, int pf_nk) {
   const int dd = D > 0 ? D : d;
   for (int j = 0; j < nk; j += 4) {
-    const bool fetch = pf != nullptr && j < pf_nk;
-    const char* pbase = fetch ? reinterpret_cast<const char*>(pf + j * vs) : nullptr;
-    const int pbytes = fetch ? static_cast<int>(std::min(4, pf_nk - j) * vs * sizeof(float)) : 0;
+    const NextSpan next(pf, pf_nk, j, vs);
     const float* v0 = V + j * vs;
     const float* v1 = V + std::min(j + 1, nk - 1) * vs;
     const float* v2 = V + std::min(j + 2, nk - 1) * vs;
     const float* v3 = V + std::min(j + 3, nk - 1) * vs;
-    const int rstep = (pbytes / (heads * per_head) + 63) / 64 * 64;
     for (int h = 0; h < heads; ++h) {
       const int64_t o = h * vh;
       for (int r = h * per_head; r < (h + 1) * per_head; ++r) {
-        for (int b = r * rstep; b < std::min(pbytes, (r + 1) * rstep); b += 64)
-          __builtin_prefetch(pbase + b);
+        next.prefetch_part(r, heads * per_head);
         const float* p = P + r * ld + j;
         const vf p0 = splat(p[0]), p1 = splat(p[1]), p2 = splat(p[2]), p3 = splat(p[3]);
         float* orow = O + r * dd;
