@@ -6,7 +6,10 @@
 Each run is a child process with the policy set before torch loads; policies alternate (PASSIVE,
 ACTIVE, PASSIVE, ...) so drifting machine load hits both. A policy is ``PASSIVE`` or ``ACTIVE``
 (``OMP_WAIT_POLICY``) or ``SPIN<n>``: no wait policy and ``GOMP_SPINCOUNT=n`` (libgomp's threads
-spin n rounds at a region's end, then sleep; pdserve's default, ``SPIN10000``). ``--busy n``
+spin n rounds at a region's end, then sleep), optionally followed by ``/POOL<us>``: the compiled
+kernels' own pool spins up to that many microseconds (``PDSERVE_CPU_SPIN_US``; 0 never spins;
+without it the pool's default, kernels/cpu/pool.h). pdserve's defaults are ``PASSIVE`` for
+OpenMP (torch's own ops) and the pool's adaptive spin. ``--busy n``
 runs n single-threaded busy loops beside every run: the shared machine whose cores the threads
 lose while they spin. Prints output tok/s per run and each policy's median.
 """
@@ -58,7 +61,7 @@ def main() -> int:
     from benchmarks.workloads import ensure_model_folder
 
     folder = ensure_model_folder(a.model_dir)
-    print(f"{'policy':8} {'round':>5} {'prompt':>7} {'output':>7} {'seconds':>8} {'tok/s':>7}")
+    print(f"{'policy':14} {'round':>5} {'prompt':>7} {'output':>7} {'seconds':>8} {'tok/s':>7}")
     results: dict[str, list[float]] = {policy: [] for policy in a.policies}
     for r in range(a.rounds):
         for policy in a.policies:
@@ -82,27 +85,36 @@ def main() -> int:
             tps = res["output_tokens"] / res["seconds"]
             results[policy].append(tps)
             print(
-                f"{policy:8} {r + 1:>5} {res['prompt_tokens']:>7} {res['output_tokens']:>7} "
+                f"{policy:14} {r + 1:>5} {res['prompt_tokens']:>7} {res['output_tokens']:>7} "
                 f"{res['seconds']:>8.1f} {tps:>7.1f}",
                 flush=True,
             )
     base = statistics.median(results[a.policies[0]])
     for policy, tps_list in results.items():
         med = statistics.median(tps_list)
-        print(f"{policy:8} median {med:.1f} tok/s, {med / base:.2f}x {a.policies[0]}")
+        print(f"{policy:14} median {med:.1f} tok/s, {med / base:.2f}x {a.policies[0]}")
     return 0
+
+
+POOL_ENV = "PDSERVE_CPU_SPIN_US"
 
 
 def policy_env(policy: str) -> dict[str, str]:
     """The child's environment for one policy (see the module docstring)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    dropped = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", POOL_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["PYTHONPATH"] = str(REPO)
-    if policy.startswith("SPIN"):
-        env["GOMP_SPINCOUNT"] = policy.removeprefix("SPIN")
-    elif policy in ("PASSIVE", "ACTIVE"):
-        env["OMP_WAIT_POLICY"] = policy
+    omp, _, pool = policy.partition("/")
+    if omp.startswith("SPIN"):
+        env["GOMP_SPINCOUNT"] = omp.removeprefix("SPIN")
+    elif omp in ("PASSIVE", "ACTIVE"):
+        env["OMP_WAIT_POLICY"] = omp
     else:
-        raise SystemExit(f"unknown policy {policy!r}: PASSIVE, ACTIVE or SPIN<n>")
+        raise SystemExit(f"unknown policy {policy!r}: PASSIVE, ACTIVE or SPIN<n>[/POOL<us>]")
+    if pool:
+        if not pool.startswith("POOL") or not pool.removeprefix("POOL").isdigit():
+            raise SystemExit(f"unknown pool setting {pool!r} in {policy!r}: POOL<us>")
+        env[POOL_ENV] = pool.removeprefix("POOL")
     return env
 
 

@@ -32,18 +32,19 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("ops.cpp", "attention.cpp", "gemm.cpp", "elementwise.cpp")
-HEADERS = ("kernels.h", "vec.h")
+SOURCES = ("ops.cpp", "attention.cpp", "gemm.cpp", "elementwise.cpp", "pool.cpp")
+HEADERS = ("kernels.h", "vec.h", "pool.h")
 ISA_FLAGS: dict[str, list[str]] = {
     "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "default": [],
 }
-BASE_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
+BASE_FLAGS = ["-O3", "-pthread", "-fno-math-errno"]
 DISABLE_ENV = "PDSERVE_CPU_KERNELS"
 ISA_ENV = "PDSERVE_CPU_ISA"
 CACHE_ENV = "PDSERVE_KERNEL_CACHE"
 PATH_ENV = "PDSERVE_KERNEL_PATH"
+SPIN_ENV = "PDSERVE_CPU_SPIN_US"
 STALE_LOCK_S = 900.0
 
 
@@ -99,6 +100,20 @@ def disabled_by_env() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "off", "false", "no")
 
 
+def check_spin_env() -> None:
+    """``PDSERVE_CPU_SPIN_US`` (the kernels' pool: how long a waiting thread spins before it
+    sleeps; kernels/cpu/pool.h) must be a number of microseconds >= 0 when set."""
+    raw = os.environ.get(SPIN_ENV, "")
+    if not raw:
+        return
+    try:
+        ok = float(raw) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{SPIN_ENV} must be a number of microseconds >= 0; got {raw!r}")
+
+
 def _compiler() -> str | None:
     cxx = os.environ.get("CXX", "c++")
     return shutil.which(cxx)
@@ -114,6 +129,7 @@ def load() -> Any | None:
     if disabled_by_env():
         logger.info("CPU kernels disabled by %s=0: using the torch path", DISABLE_ENV)
         return None
+    check_spin_env()
     isa = detect_isa()
     key = build_key(isa)
     name = library_name(key)
@@ -188,7 +204,7 @@ def _build(name: str, isa: str, build_dir: Path) -> None:
         name=name,
         sources=[str(SOURCE_DIR / s) for s in SOURCES],
         extra_cflags=[*BASE_FLAGS, *ISA_FLAGS[isa]],
-        extra_ldflags=["-fopenmp"],
+        extra_ldflags=["-pthread"],
         build_directory=str(build_dir),
         is_python_module=False,
         verbose=False,

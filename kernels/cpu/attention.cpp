@@ -5,15 +5,15 @@
 // item and used by every query head of its group (GQA/MQA). Items walk their keys block by
 // block with an online softmax (running max m, running sum l, unnormalised output O) and are
 // spread over OpenMP threads, longest first, with dynamic scheduling.
-#include <omp.h>
-
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "kernels.h"
+#include "pool.h"
 #include "vec.h"
 
 namespace pdcpu {
@@ -550,15 +550,14 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   // Score rows: the block's keys rounded up to whole vectors and to groups of 4 keys.
   const int ld = (a.block_size + std::max(W, 4) - 1) / std::max(W, 4) * std::max(W, 4);
   const int threads = std::max(1, std::min(a.num_threads, n));
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  std::atomic<int> next{0};
+  parallel(threads, [&](int, int) {
     Scratch sc(a.head_dim, ld, a.block_size);
-#pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < n; ++i) {
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
       const Item& it = items[i];
       run_item<T, D>(a, it, sc, ld, it.part < 0 ? nullptr : partial.data() + it.part * stride);
     }
-  }
+  });
   if (parts > 0) merge_parts<T>(a, items, partial, stride);
 }
 
@@ -579,18 +578,19 @@ void store_kv_impl(const StoreKVArgs& a) {
   T* kc = static_cast<T*>(a.k_cache);
   T* vc = static_cast<T*>(a.v_cache);
   const int threads = a.num_tokens >= 64 ? a.num_threads : 1;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int t = 0; t < a.num_tokens; ++t) {
-    const int64_t slot = a.slot_mapping[t];
-    if (slot < 0) continue;
-    const int64_t block = slot / a.block_size, off = slot % a.block_size;
-    for (int h = 0; h < a.num_kv_heads; ++h) {
-      std::memcpy(kc + block * a.kc_stride_block + off * a.kc_stride_slot + h * a.kc_stride_head,
-                  k + t * a.k_stride_token + h * a.k_stride_head, a.head_dim * sizeof(T));
-      std::memcpy(vc + block * a.vc_stride_block + off * a.vc_stride_slot + h * a.vc_stride_head,
-                  v + t * a.v_stride_token + h * a.v_stride_head, a.head_dim * sizeof(T));
+  parallel_for_static(a.num_tokens, threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t slot = a.slot_mapping[t];
+      if (slot < 0) continue;
+      const int64_t block = slot / a.block_size, off = slot % a.block_size;
+      for (int h = 0; h < a.num_kv_heads; ++h) {
+        std::memcpy(kc + block * a.kc_stride_block + off * a.kc_stride_slot + h * a.kc_stride_head,
+                    k + t * a.k_stride_token + h * a.k_stride_head, a.head_dim * sizeof(T));
+        std::memcpy(vc + block * a.vc_stride_block + off * a.vc_stride_slot + h * a.vc_stride_head,
+                    v + t * a.v_stride_token + h * a.v_stride_head, a.head_dim * sizeof(T));
+      }
     }
-  }
+  });
 }
 
 }  // namespace

@@ -2,13 +2,12 @@
 // with the residual add before it), rotary embedding in place on q and k, SiLU(gate) * up.
 // Arithmetic is float32 in the order Hugging Face's modules use; rotary is compiled without
 // multiply-add contraction, so it rounds where torch rounds and matches it bit for bit.
-#include <omp.h>
-
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "kernels.h"
+#include "pool.h"
 #include "vec.h"
 
 namespace pdcpu {
@@ -23,12 +22,10 @@ template <typename T>
 void rms_norm_impl(const T* x, int64_t xs, T* res, int64_t rs, const T* w, T* out, int64_t os,
                    int64_t rows, int64_t dim, float eps, int num_threads) {
   const int threads = threads_for(rows, dim, num_threads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  parallel_for_static(rows, threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> h(dim), wf(dim);
     row_to_float(w, wf.data(), static_cast<int>(dim));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * xs;
       if (res != nullptr) {  // residual += x, in the activation dtype as torch adds
         T* rr = res + r * rs;
@@ -55,17 +52,17 @@ void rms_norm_impl(const T* x, int64_t xs, T* res, int64_t rs, const T* w, T* ou
         o[c] = from_float<T>(wf[c] * to_float(normed));
       }
     }
-  }
+  });
 }
 
+// Rows [r0, r1). Not contracted into multiply-adds: a lambda does not inherit its enclosing
+// function's optimize attribute, so the parallel loop below calls this function.
 template <typename T>
-__attribute__((optimize("fp-contract=off"))) void rotary_impl(T* x, int64_t rows, int64_t heads, int64_t sr, int64_t sh, int64_t d,
-                 const float* cos, const float* sin, int64_t ts, const int64_t* pos,
-                 int num_threads) {
+__attribute__((optimize("fp-contract=off"))) void rotary_rows(
+    T* x, int64_t r0, int64_t r1, int64_t heads, int64_t sr, int64_t sh, int64_t d,
+    const float* cos, const float* sin, int64_t ts, const int64_t* pos) {
   const int64_t half = d / 2;
-  const int threads = threads_for(rows, heads * d, num_threads);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* cr = cos + pos[r] * ts;
     const float* sn = sin + pos[r] * ts;
     for (int64_t h = 0; h < heads; ++h) {
@@ -88,14 +85,22 @@ __attribute__((optimize("fp-contract=off"))) void rotary_impl(T* x, int64_t rows
 }
 
 template <typename T>
+void rotary_impl(T* x, int64_t rows, int64_t heads, int64_t sr, int64_t sh, int64_t d,
+                 const float* cos, const float* sin, int64_t ts, const int64_t* pos,
+                 int num_threads) {
+  const int threads = threads_for(rows, heads * d, num_threads);
+  parallel_for_static(rows, threads, [&](int64_t r0, int64_t r1) {
+    rotary_rows(x, r0, r1, heads, sr, sh, d, cos, sin, ts, pos);
+  });
+}
+
+template <typename T>
 void silu_mul_impl(const T* gu, int64_t is, T* out, int64_t os, int64_t rows, int64_t inter,
                    int num_threads) {
   const int threads = threads_for(rows, inter, num_threads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  parallel_for_static(rows, threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> g(inter + W), u(inter + W);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       const T* gr = gu + r * is;
       T* o = out + r * os;
       if constexpr (std::is_same_v<T, float>) {
@@ -115,7 +120,7 @@ void silu_mul_impl(const T* gu, int64_t is, T* out, int64_t os, int64_t rows, in
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace

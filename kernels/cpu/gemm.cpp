@@ -7,13 +7,12 @@
 // panel's two vectors. Threads own contiguous ranges of panels: at decode sizes (a few dozen
 // rows) every weight byte is read from memory exactly once per call, which is what bounds a
 // decode step; at prefill sizes the same loop nest, blocked over rows and K, runs from cache.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "kernels.h"
+#include "pool.h"
 #include "vec.h"
 
 namespace pdcpu {
@@ -102,15 +101,16 @@ int linear_panel_width() { return NB; }
 void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float* packed,
                         int num_threads) {
   const int64_t panels = (n + NB - 1) / NB;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t p = 0; p < panels; ++p) {
-    float* dst = packed + p * k * NB;
-    for (int64_t kk = 0; kk < k; ++kk)
-      for (int c = 0; c < NB; ++c) {
-        const int64_t row = p * NB + c;
-        dst[kk * NB + c] = row < n ? w[row * ldw + kk] : 0.0f;
-      }
-  }
+  parallel_for_static(panels, num_threads, [&](int64_t p_begin, int64_t p_end) {
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      float* dst = packed + p * k * NB;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int c = 0; c < NB; ++c) {
+          const int64_t row = p * NB + c;
+          dst[kk * NB + c] = row < n ? w[row * ldw + kk] : 0.0f;
+        }
+    }
+  });
 }
 
 void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
@@ -125,8 +125,7 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
   // for a while takes fewer chunks instead of holding everyone at the end of the call.
   const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
   const int64_t num_chunks = (panels + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 1)
-  for (int64_t ch = 0; ch < num_chunks; ++ch) {
+  parallel_for_dynamic(num_chunks, threads, [&](int64_t ch) {
     const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
     for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
       const int64_t m1 = std::min(m, m0 + mc_size);
@@ -155,7 +154,7 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace pdcpu

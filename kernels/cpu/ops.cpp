@@ -9,8 +9,10 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "kernels.h"
+#include "pool.h"
 
 namespace {
 
@@ -238,6 +240,10 @@ std::string isa() {
 #endif
 }
 
+std::tuple<double, bool> pool_state() {
+  return {pdcpu::pool_spin_us(), pdcpu::pool_backing_off()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pdserve_cpu, m) {
@@ -259,4 +265,5 @@ TORCH_LIBRARY(pdserve_cpu, m) {
         &rotary_);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("isa() -> str", &isa);
+  m.def("pool_state() -> (float, bool)", &pool_state);
 }

@@ -1,0 +1,43 @@
+// The kernels' thread pool: how a kernel runs on several threads.
+//
+// OpenMP's wait policy is fixed at process start and is wrong half the time: threads that
+// sleep between parallel regions (PASSIVE, pdserve's setting) pay a wake-up of 50-120 us per
+// region on a VM (a decode step of the offline workload has ~180 regions: 86 ms a step against
+// 62 spinning), and threads that spin (ACTIVE) lose their cores to any other process (0.3x
+// with two busy loops beside). This pool spins while that pays and sleeps when it does not:
+//
+// * a waiting thread (a worker waiting for work, the caller waiting for the workers) polls for
+//   up to `PDSERVE_CPU_SPIN_US` microseconds (default 200), then sleeps on a condition variable;
+// * a spinner whose poll comes back late (0.5 ms after the one before) and whose involuntary
+//   context switches went up since it last looked lost its core to another task: the machine
+//   is contended, and every thread of the pool sleeps at once (no spinning) for the next
+//   second before it tries again. (A late poll alone is no sign: on a VM the host pauses
+//   vCPUs and interrupts come and go on a machine where nothing else runs.)
+//
+// So a quiet machine gets the spinning policy's step times and a loaded one the sleeping
+// policy's, without configuration. `PDSERVE_CPU_SPIN_US=0` never spins.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace pdcpu {
+
+// Calls body(t, n) for t = 0 .. n-1 at once on n = max(1, threads) threads, the caller being
+// t = 0, and returns when every call has returned. A call from inside a body (nested) runs
+// body(0, 1) on the calling thread.
+void parallel(int threads, const std::function<void(int, int)>& body);
+
+// body(i) for every i in [0, count), items handed out one at a time to up to `threads` threads.
+void parallel_for_dynamic(int64_t count, int threads, const std::function<void(int64_t)>& body);
+
+// body(begin, end) over `threads` contiguous, near-equal ranges of [0, count).
+void parallel_for_static(int64_t count, int threads,
+                         const std::function<void(int64_t, int64_t)>& body);
+
+// The pool's spin budget in microseconds (0: it never spins), and whether it is backing off
+// now (a spinner lost its core within the last second, so every wait sleeps).
+double pool_spin_us();
+bool pool_backing_off();
+
+}  // namespace pdcpu
