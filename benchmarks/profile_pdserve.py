@@ -216,6 +216,7 @@ def main() -> None:
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="default: pdserve's"
     )
+    parser.add_argument("--block-size", type=int, default=None, help="default: pdserve's")
     parser.add_argument("--op-profile-steps", type=int, default=0, help="0: skip torch.profiler")
     parser.add_argument("--op-profile-skip", type=int, default=100, help="steps before it starts")
     parser.add_argument("--top", type=int, default=20)
@@ -234,6 +235,7 @@ def main() -> None:
         for k, v in (
             ("max_num_seqs", args.max_num_seqs),
             ("max_num_batched_tokens", args.max_num_batched_tokens),
+            ("block_size", args.block_size),
         )
         if v is not None
     }
