@@ -13,7 +13,10 @@ engine's objects at run time (no engine code changes; about a microsecond per wr
               the torch backend's gather + SDPA) + the rest (embedding, norms, rope,
               activation, residual adds)
 
-``PDSERVE_CPU_KERNELS=0`` in the environment profiles the torch path instead.
+``PDSERVE_CPU_KERNELS=0`` in the environment profiles the torch path instead. The decoder
+layers run the per-kernel Python layer here (``PDSERVE_FUSED_LAYERS=0`` unless the environment
+says otherwise): the product's one-call layer runs the same kernels in the same order, and its
+timers could not see inside it; ``benchmarks/fused_layers.py`` measures what it saves.
 
 Steps are split into those that carry prefill tokens and pure decode steps. With
 ``--op-profile-steps N`` a second pass runs ``torch.profiler`` over N steps in the middle of the
@@ -222,10 +225,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
 
+    import os
+
     import torch
 
     from pdserve import LLM, SamplingParams
 
+    os.environ.setdefault("PDSERVE_FUSED_LAYERS", "0")  # the timers see each kernel
     shape = model_shape()
     model_dir = ensure_model_folder(args.model_dir)
     requests = make_workload(args.num_requests, (32, 512), (16, 256), shape.vocab_size, args.seed)

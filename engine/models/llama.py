@@ -11,6 +11,7 @@ add before every RMSNorm can be fused into it (``RMSNorm.add_forward``): the ari
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -20,6 +21,10 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.layers import PackedLinear, RMSNorm, RotaryEmbedding, StepRotary
+
+# PDSERVE_FUSED_LAYERS=0 keeps the per-kernel Python layer on the CPU kernels (to profile the
+# kernels one by one, or to compare).
+FUSED_LAYERS_ENV = "PDSERVE_FUSED_LAYERS"
 
 
 class LlamaAttention(nn.Module):
@@ -106,6 +111,59 @@ class LlamaDecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h), residual
 
+    def can_fuse(self) -> bool:
+        """True when ``forward_fused`` does this layer's work: every linear packed (float32
+        on the CPU kernels) and no per-head q/k norm."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return attn.q_norm is None and all(isinstance(m, PackedLinear) for m in linears)
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: StepRotary,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        covered: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` as one call of the compiled ``decoder_layer`` (the cpu attention
+        backend's store + paged attention inside it): the same kernels in the same order, so
+        the same bits, without the Python between them. ``covered``: rows the step's requests
+        own (the rest is padding)."""
+        attn, mlp = self.self_attn, self.mlp
+        out, residual = rotary.kernels.decoder_layer(
+            x,
+            residual,
+            self.input_layernorm.weight,
+            self.post_attention_layernorm.weight,
+            self.input_layernorm.eps,
+            attn.qkv_proj.packed,
+            attn.qkv_proj.bias,
+            attn.o_proj.packed,
+            attn.o_proj.bias,
+            mlp.gate_up_proj.packed,
+            mlp.down_proj.packed,
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+            mlp.intermediate_size,
+            rotary.cos,
+            rotary.sin,
+            rotary.positions,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            covered,
+            attn.scale,
+            meta.sliding_window or 0,
+        )
+        return out, residual
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, has_qkv_bias: bool = False, has_qk_norm: bool = False):
@@ -123,6 +181,9 @@ class LlamaForCausalLM(nn.Module):
             cfg.inv_freq, cfg.max_position_embeddings, cfg.rope_attention_scaling
         )
         self.kernels: Any = None
+        # Each decoder layer as one compiled call (LlamaDecoderLayer.forward_fused) when the
+        # step runs on the cpu attention backend; set by use_cpu_kernels.
+        self.fused_layers = False
 
     def use_cpu_kernels(self, kernels: Any) -> None:
         """Run norms, rotary and SiLU·mul on the compiled CPU kernels, and in float32 also every
@@ -139,6 +200,10 @@ class LlamaForCausalLM(nn.Module):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, PackedLinear(child, kernels))
+        layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
+        self.fused_layers = os.environ.get(FUSED_LAYERS_ENV, "1") != "0" and all(
+            layer.can_fuse() for layer in layers
+        )
 
     def forward(
         self,
@@ -152,8 +217,16 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         rotary = self.rotary.for_step(positions, x.dtype, self.kernels)
         residual: torch.Tensor | None = None
-        for layer, (k_cache, v_cache), meta in zip(self.layers, kv_caches, metas, strict=True):
-            x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
+        layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
+        if self.fused_layers and backend.name == "cpu":
+            covered = sum(metas[0].query_lens_cpu)
+            for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
+                x, residual = layer.forward_fused(
+                    x, residual, rotary, k_cache, v_cache, meta, covered
+                )
+        else:
+            for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
+                x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
         if residual is None:
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]

@@ -230,6 +230,52 @@ Tensor silu_mul(const Tensor& gate_up) {
   return out;
 }
 
+// One Llama-family decoder layer on the ops above, in the order the Python layer runs them
+// (engine/models/llama.py), so its output is the same bits; what it saves is the ~10 Python
+// calls and dispatches a layer makes between its kernels. `residual` is None in the first
+// layer: the stream starts at `x` (which the post-attention add then updates in place, as the
+// Python layer does). Rows from `covered` on are padding: their attention output is zero.
+std::tuple<Tensor, Tensor> decoder_layer(
+    Tensor x, const std::optional<Tensor>& residual_in, const Tensor& input_norm,
+    const Tensor& post_norm, double eps, const Tensor& qkv_packed,
+    const std::optional<Tensor>& qkv_bias, const Tensor& o_packed,
+    const std::optional<Tensor>& o_bias, const Tensor& gate_up_packed, const Tensor& down_packed,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
+    const Tensor& cos, const Tensor& sin, const Tensor& positions, Tensor k_cache,
+    Tensor v_cache, const Tensor& slot_mapping, const Tensor& block_tables,
+    const Tensor& query_start_loc, const Tensor& seq_lens, int64_t covered, double scale,
+    int64_t sliding_window) {
+  TORCH_CHECK(x.dim() == 2, "pdserve_cpu.decoder_layer: x must be [tokens, hidden]");
+  const int64_t n = x.size(0), hidden = x.size(1);
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  TORCH_CHECK(covered >= 0 && covered <= n, "pdserve_cpu.decoder_layer: covered out of range");
+  Tensor residual;
+  Tensor h;
+  if (residual_in.has_value()) {
+    residual = *residual_in;
+    h = add_rms_norm(residual, x, input_norm, eps);
+  } else {
+    residual = x;
+    h = rms_norm(x, input_norm, eps);
+  }
+  const Tensor qkv = linear(h, qkv_packed, q_size + 2 * kv_size, qkv_bias);
+  Tensor q = qkv.narrow(1, 0, q_size).view({n, num_heads, head_dim});
+  Tensor k = qkv.narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
+  const Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
+  rotary_(q, k, cos, sin, positions);
+  store_kv(k, v, k_cache, v_cache, slot_mapping);
+  Tensor att = at::empty(q.sizes(), q.options());
+  if (covered < n) att.narrow(0, covered, n - covered).zero_();
+  if (seq_lens.size(0) > 0) {
+    paged_attention(att, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                    sliding_window);
+  }
+  const Tensor o = linear(att.view({n, q_size}), o_packed, hidden, o_bias);
+  const Tensor h2 = add_rms_norm(residual, o, post_norm, eps);
+  const Tensor act = silu_mul(linear(h2, gate_up_packed, 2 * intermediate, std::nullopt));
+  return {linear(act, down_packed, hidden, std::nullopt), residual};
+}
+
 std::string isa() {
 #if defined(__AVX512F__)
   return "avx512";
@@ -264,6 +310,14 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor positions) -> ()",
         &rotary_);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def(
+      "decoder_layer(Tensor(a!) x, Tensor(b!)? residual, Tensor input_norm, Tensor post_norm, "
+      "float eps, Tensor qkv, Tensor? qkv_bias, Tensor o, Tensor? o_bias, Tensor gate_up, "
+      "Tensor down, int num_heads, int num_kv_heads, int head_dim, int intermediate, "
+      "Tensor cos, Tensor sin, Tensor positions, Tensor(c!) k_cache, Tensor(d!) v_cache, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, "
+      "int covered, float scale, int sliding_window) -> (Tensor, Tensor)",
+      &decoder_layer);
   m.def("isa() -> str", &isa);
   m.def("pool_state() -> (float, bool)", &pool_state);
 }

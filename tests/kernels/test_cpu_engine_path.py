@@ -8,6 +8,7 @@ the same oracle, and the default path is checked to really be the kernels.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -65,3 +66,57 @@ def test_cpu_backend_needs_the_kernels(monkeypatch) -> None:  # type: ignore[no-
     monkeypatch.setattr(kernels.cpu, "load", lambda: None)
     with pytest.raises(ValueError, match="compiled CPU kernels"):
         get_attention_backend(torch.device("cpu"), "cpu")
+
+
+@pytest.mark.parametrize(
+    "arch,fused", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", False)]
+)
+def test_float32_runs_each_layer_as_one_call(model_factory: Any, arch: str, fused: bool) -> None:
+    """fp32 on the kernels: every layer through ``decoder_layer`` (qkv bias and sliding
+    windows included); Qwen3's per-head q/k norm keeps the per-kernel layer."""
+    cpu_ops()
+    engine = make_engine(model_factory(arch, **TINY_ARCHS[arch]))
+    assert engine.runner.model.fused_layers is fused
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_fused_layers_match_bit_for_bit(
+    model_factory: Any, monkeypatch: pytest.MonkeyPatch, arch: str
+) -> None:
+    """The one-call layer runs the same kernels in the same order: every step's hidden states
+    are bit-identical to the per-kernel Python layer's, through chunked prefill (mixed
+    prefill + decode steps), prefix-cache hits and a sliding window; and the tokens are HF's."""
+    cpu_ops()
+    folder = model_factory(arch, **TINY_ARCHS[arch])
+    prompts = random_prompts(5, 256, 10, 60, seed=33)
+    prompts.append(prompts[0][:40] + [7, 8, 9])  # a prefix-cache hit on a cached prompt
+    lengths = [20, 9, 31, 14, 6, 12]
+
+    def run(fused: bool) -> tuple[list[torch.Tensor], dict]:
+        monkeypatch.setenv("PDSERVE_FUSED_LAYERS", "1" if fused else "0")
+        engine = make_engine(folder, max_num_batched_tokens=32)
+        model = engine.runner.model
+        assert model.fused_layers is fused
+        hidden: list[torch.Tensor] = []
+        forward = model.forward
+
+        def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+            out = forward(*args, **kwargs)
+            hidden.append(out.clone())
+            return out
+
+        setattr(model, "forward", recording)  # noqa: B010 (a method)
+        submit(engine, prompts, lengths)
+        outs = run_to_completion(engine)
+        assert_pool_free(engine)
+        return hidden, outs
+
+    fused_hidden, fused_outs = run(True)
+    plain_hidden, plain_outs = run(False)
+    assert len(fused_hidden) == len(plain_hidden) > len(prompts)
+    for i, (a, b) in enumerate(zip(fused_hidden, plain_hidden, strict=True)):
+        assert torch.equal(a, b), f"step {i}: the fused layers' hidden states differ"
+    assert {k: list(v.token_ids) for k, v in fused_outs.items()} == {
+        k: list(v.token_ids) for k, v in plain_outs.items()
+    }
+    check_against_hf(folder, prompts, lengths, fused_outs)
