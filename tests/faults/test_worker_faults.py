@@ -89,14 +89,23 @@ def test_a_stalled_decode_worker_fails_its_streams_within_the_stall_timeout(llam
 
         async def scenario() -> tuple[list[Outcome], float, Outcome]:
             async with httpx.AsyncClient(timeout=60) as client:
-                # Long streams, one at a time, so the router (most free blocks first, from a
-                # load polled every 0.1 s) spreads them over both decode workers.
+                # Long streams, one at a time, each its own prompt (no prefix for kv_aware to
+                # follow), so the router (most free blocks first, from a load polled every
+                # 0.1 s) spreads them over both decode workers; on a loaded machine they may
+                # reach decode late, so wait until both workers hold some.
                 tasks = []
-                for _ in range(6):
-                    tasks.append(asyncio.ensure_future(http_stream(client, url, PROMPT, 1500)))
+                for i in range(6):
+                    prompt = [t + 50 * i for t in PROMPT]
+                    tasks.append(asyncio.ensure_future(http_stream(client, url, prompt, 1500)))
                     await asyncio.sleep(0.4)
-                loads = [await asyncio.to_thread(w.load) for w in cluster.decode]
-                assert all(load.num_running_requests for load in loads), loads
+                deadline = time.monotonic() + 30
+                while True:
+                    loads = [await asyncio.to_thread(w.load) for w in cluster.decode]
+                    if all(load.num_running_requests for load in loads):
+                        break
+                    assert time.monotonic() < deadline, loads
+                    assert not any(t.done() for t in tasks), loads
+                    await asyncio.sleep(0.1)
                 cluster.decode[0].pause()
                 paused = time.monotonic()
                 outs = await asyncio.gather(*tasks)
