@@ -96,16 +96,28 @@ def test_decode_death_migrates_and_no_worker_left_is_a_clear_error(llama: Path) 
     ) as cluster:
         expected, stop = uninterrupted(cluster, llama)
         reqs = mix(stop)
-        got = asyncio.run(run_mix(cluster, reqs, cluster.decode[0].kill))
+        killed: list[int] = []
+
+        def kill_the_busier() -> None:
+            # kv_aware sends a prompt back where its prefix is cached: where the streams
+            # landed follows the first run's placement, so kill the worker that holds more.
+            loads = [w.load() for w in cluster.decode]
+            i = max(range(len(loads)), key=lambda j: loads[j].num_running_requests)
+            assert loads[i].num_running_requests, loads
+            killed.append(i)
+            cluster.decode[i].kill()
+
+        got = asyncio.run(run_mix(cluster, reqs, kill_the_busier))
         assert_same(got, expected, cluster)
         assert migrations(cluster).get(("decode", "worker_lost"), 0) >= 1, migrations(cluster)
         cluster.wait_pools_free()
 
         # The last decode worker stalls: nowhere to migrate, a clear error for every stream.
+        last = cluster.decode[1 - killed[0]]
         try:
-            got = asyncio.run(run_mix(cluster, reqs[:2], cluster.decode[1].pause, after_tokens=10))
+            got = asyncio.run(run_mix(cluster, reqs[:2], last.pause, after_tokens=10))
         finally:
-            cluster.decode[1].resume()
+            last.resume()
         for name, s in got.items():
             assert s.error is not None and s.error.startswith("UNAVAILABLE"), (name, s)
             assert "stalled" in s.error and "migrating the request failed" in s.error, s.error
