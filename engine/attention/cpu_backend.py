@@ -31,6 +31,11 @@ class CpuAttentionBackend:
     def prepare(self, meta: AttentionMetadata, block_size: int) -> None:
         self._covered = sum(meta.query_lens_cpu)
 
+    @property
+    def covered(self) -> int:
+        """Rows of this step's flat batch that its requests own (the rest is padding)."""
+        return self._covered
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]

@@ -218,14 +218,14 @@ class LlamaForCausalLM(nn.Module):
         rotary = self.rotary.for_step(positions, x.dtype, self.kernels)
         residual: torch.Tensor | None = None
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
-        if self.fused_layers and backend.name == "cpu":
-            covered = sum(metas[0].query_lens_cpu)
-            for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
+        fused = self.fused_layers and backend.name == "cpu"
+        covered: int = backend.covered if fused else 0  # type: ignore[attr-defined]
+        for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
+            if fused:
                 x, residual = layer.forward_fused(
                     x, residual, rotary, k_cache, v_cache, meta, covered
                 )
-        else:
-            for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
+            else:
                 x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
         if residual is None:
             return self.norm(x)
