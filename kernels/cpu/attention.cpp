@@ -5,6 +5,10 @@
 // item and used by every query head of its group (GQA/MQA). Items walk their keys block by
 // block with an online softmax (running max m, running sum l, unnormalised output O) and are
 // spread over OpenMP threads, longest first, with dynamic scheduling.
+//
+// Prefill chunks run as tiles instead (run_tile): up to kMaxTileRows rows of one KV head with Q
+// held transposed, so a score is a row-vector FMA per key and dimension (no horizontal sums)
+// and the softmax runs vectorised over rows.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -20,6 +24,8 @@ namespace pdcpu {
 namespace {
 
 constexpr int kMaxRows = 32;                      // rows (tokens x heads) per work item
+constexpr int kMaxTileRows = 64;                  // rows per prefill tile (run_tile)
+constexpr int kPvRows = kNumVecRegs >= 32 ? 6 : 2;  // a tile's rows per PV register block
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Item {
@@ -28,6 +34,7 @@ struct Item {
   int kv_begin = 0;  // split-KV: this item sees only key positions [kv_begin, kv_end)
   int kv_end = std::numeric_limits<int>::max();
   int part = -1;  // split-KV: index of its partial result (-1: writes the output itself)
+  bool tile = false;  // a prefill tile of one KV head (run_tile)
 };
 
 constexpr int kMinKeysPerPart = 256;
@@ -231,18 +238,21 @@ void pv_heads(const float* P, int ld, int heads, int per_head, int nk, const flo
 }
 
 struct Scratch {
-  std::vector<float> q, o, s, k, v, m, l;
+  std::vector<float> q, o, s, k, v, m, l, corr, flo, fhi;
   std::vector<int> lo, hi;
   Scratch(int d, int ld, int block_size)
-      : q(kMaxRows * d),
-        o(kMaxRows * d),
-        s(kMaxRows * ld),
+      : q(kMaxTileRows * d),
+        o(kMaxTileRows * d),
+        s(kMaxTileRows * std::max(ld, block_size + 4)),
         k(block_size * d),
         v(block_size * d),
-        m(kMaxRows),
-        l(kMaxRows),
-        lo(kMaxRows),
-        hi(kMaxRows) {}
+        m(kMaxTileRows),
+        l(kMaxTileRows),
+        corr(kMaxTileRows),
+        flo(kMaxTileRows),
+        fhi(kMaxTileRows),
+        lo(kMaxTileRows),
+        hi(kMaxTileRows) {}
 };
 
 // Touch the first `bytes` bytes of `n` rows, `stride` elements apart.
@@ -423,6 +433,221 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
   std::memcpy(partial + rows * d + rows, sc.l.data(), sizeof(float) * rows);
 }
 
+// ---- prefill tiles --------------------------------------------------------------------------
+// A tile's rows are tokens x query heads of one KV head, padded to whole vectors (rp rows). Q is
+// held transposed, Qt[c * rp + r], and scores likewise, St[j * rp + r]: a key's scores for W
+// rows are one vector, so the dot products need no horizontal sums and the softmax's max, exp
+// and sums run over rows in vectors.
+
+// St[j, rows rv0 * W ...] for keys [0, nk) of K (rows at stride ks), four keys at a time (keys
+// past nk repeat the last one; their columns are never read), RV row vectors per pass.
+template <int RV>
+__attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int rp, int d,
+                                                            const float* K, int64_t ks, int nk,
+                                                            float* St, int rv0) {
+  for (int j = 0; j < nk; j += 4) {
+    const float* k0 = K + j * ks;
+    const float* k1 = K + std::min(j + 1, nk - 1) * ks;
+    const float* k2 = K + std::min(j + 2, nk - 1) * ks;
+    const float* k3 = K + std::min(j + 3, nk - 1) * ks;
+    vf acc[4][RV];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+#pragma GCC unroll 4
+      for (int v = 0; v < RV; ++v) acc[u][v] = vf{};
+    const float* q = Qt + rv0 * W;
+#pragma GCC unroll 4
+    for (int c = 0; c < d; ++c, q += rp) {
+      vf qv[RV];
+#pragma GCC unroll 4
+      for (int v = 0; v < RV; ++v) qv[v] = load(q + v * W);
+      const vf b0 = splat(k0[c]), b1 = splat(k1[c]), b2 = splat(k2[c]), b3 = splat(k3[c]);
+#pragma GCC unroll 4
+      for (int v = 0; v < RV; ++v) {
+        acc[0][v] += qv[v] * b0;
+        acc[1][v] += qv[v] * b1;
+        acc[2][v] += qv[v] * b2;
+        acc[3][v] += qv[v] * b3;
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+#pragma GCC unroll 4
+      for (int v = 0; v < RV; ++v) store(St + (j + u) * rp + (rv0 + v) * W, acc[u][v]);
+  }
+}
+
+inline void tile_scores(const float* Qt, int rp, int d, const float* K, int64_t ks, int nk,
+                        float* St) {
+  constexpr int kRV = kNumVecRegs >= 32 ? 3 : 2;  // 4 x kRV accumulators
+  const int nv = rp / W;
+  int v = 0;
+  for (; v + kRV <= nv; v += kRV) tile_scores_rows<kRV>(Qt, rp, d, K, ks, nk, St, v);
+  for (; v + 2 <= nv; v += 2) tile_scores_rows<2>(Qt, rp, d, K, ks, nk, St, v);
+  if (v < nv) tile_scores_rows<1>(Qt, rp, d, K, ks, nk, St, v);
+}
+
+// Folds one block's scores into the running softmax, W rows at a time: masks keys a row must not
+// see (row r sees positions [flo[r], fhi[r])), turns scores into exp(s - m) in place, updates
+// m and l, and leaves in corr the factor each row's O must be scaled by.
+inline void tile_softmax(float* St, int rp, int nk, int t0, bool all_visible, Scratch& sc) {
+  const vf neg_inf = splat(kNegInf);
+  for (int r = 0; r < rp; r += W) {
+    const vf lo = load(sc.flo.data() + r), hi = load(sc.fhi.data() + r);
+    vf mx = neg_inf;
+    for (int j = 0; j < nk; ++j) {
+      vf s = load(St + j * rp + r);
+      if (!all_visible) {
+        const vf pos = splat(static_cast<float>(t0 + j));
+        s = (pos < lo) | (pos >= hi) ? neg_inf : s;
+        store(St + j * rp + r, s);
+      }
+      mx = vmax(mx, s);
+    }
+    const vf m_old = load(sc.m.data() + r);
+    const vf m_new = vmax(m_old, mx);
+    // A row that has seen no key yet keeps m = -inf; it subtracts 0 so exp(-inf) stays 0.
+    const vf m_sub = m_new > neg_inf ? m_new : vf{};
+    const vf corr = vexp(m_old - m_sub);  // 0 on a row's first keys, 1 while its max holds
+    vf sum = vf{};
+    for (int j = 0; j < nk; ++j) {
+      const vf p = vexp(load(St + j * rp + r) - m_sub);
+      store(St + j * rp + r, p);
+      sum += p;
+    }
+    store(sc.l.data() + r, load(sc.l.data() + r) * corr + sum);
+    store(sc.m.data() + r, m_new);
+    store(sc.corr.data() + r, corr);
+  }
+}
+
+// O[r] = O[r] * corr[r] + sum_j P[j, r] V[j] for rows [r0, r0 + R), columns [c, c + 4W) (the
+// first `vecs` vectors of them).
+template <int R>
+__attribute__((always_inline)) inline void tile_pv_rows(const float* St, int rp, int nk,
+                                                        const float* V, int64_t vs, float* O,
+                                                        int d, const float* corr, int r0,
+                                                        int c) {
+  vf acc[R][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    const vf f = splat(corr[r0 + r]);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) acc[r][u] = load(O + (r0 + r) * d + c + u * W) * f;
+  }
+  for (int j = 0; j < nk; ++j) {
+    vf vv[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) vv[u] = load(V + j * vs + c + u * W);
+    const float* p = St + j * rp + r0;
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const vf pr = splat(p[r]);
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) acc[r][u] += pr * vv[u];
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) store(O + (r0 + r) * d + c + u * W, acc[r][u]);
+}
+
+// The same for one vector of columns (head sizes that are not a multiple of 4W).
+inline void tile_pv_vec(const float* St, int rp, int nk, const float* V, int64_t vs, float* O,
+                        int d, const float* corr, int r, int c) {
+  vf acc = load(O + r * d + c) * splat(corr[r]);
+  for (int j = 0; j < nk; ++j) acc += splat(St[j * rp + r]) * load(V + j * vs + c);
+  store(O + r * d + c, acc);
+}
+
+inline void tile_pv(const float* St, int rp, int rows, int nk, const float* V, int64_t vs,
+                    float* O, int d, const float* corr) {
+  int c = 0;
+  for (; c + 4 * W <= d; c += 4 * W) {
+    int r = 0;
+    for (; r + kPvRows <= rows; r += kPvRows)
+      tile_pv_rows<kPvRows>(St, rp, nk, V, vs, O, d, corr, r, c);
+    for (; r < rows; ++r) tile_pv_rows<1>(St, rp, nk, V, vs, O, d, corr, r, c);
+  }
+  for (; c < d; c += W)
+    for (int r = 0; r < rows; ++r) tile_pv_vec(St, rp, nk, V, vs, O, d, corr, r, c);
+}
+
+// One prefill tile (it.h1 == it.h0 + 1; head sizes a multiple of W): run_item's walk over the
+// blocks with the tile kernels above. Leaves O, m and l as run_item does.
+template <typename T>
+void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* partial) {
+  const int d = a.head_dim, bs = a.block_size;
+  const int group = a.num_heads / a.num_kv_heads;
+  const int q_start = a.query_start_loc[it.seq];
+  const int q_len = a.query_start_loc[it.seq + 1] - q_start;
+  const int ctx = a.seq_lens[it.seq] - q_len;
+  const int heads = it.g1 - it.g0;
+  const int rows = (it.q1 - it.q0) * heads;
+  const int rp = (rows + W - 1) / W * W;
+  const T* q = static_cast<const T*>(a.q);
+  float* Qt = sc.q.data();
+  float* O = sc.o.data();
+  float* St = sc.s.data();
+  int row_lo_max = 0, row_hi_min = std::numeric_limits<int>::max();
+  for (int t = it.q0; t < it.q1; ++t) {
+    const int pos = ctx + t;
+    const int lo = a.sliding_window > 0 ? std::max(0, pos - a.sliding_window + 1) : 0;
+    for (int g = it.g0; g < it.g1; ++g) {
+      const int r = (t - it.q0) * heads + (g - it.g0);
+      const T* src = q + (q_start + t) * a.q_stride_token + (it.h0 * group + g) * a.q_stride_head;
+      for (int c = 0; c < d; ++c) Qt[c * rp + r] = to_float(src[c]) * a.scale;
+      sc.flo[r] = static_cast<float>(lo);
+      sc.fhi[r] = static_cast<float>(pos + 1);
+    }
+    row_lo_max = std::max(row_lo_max, lo);
+    row_hi_min = std::min(row_hi_min, pos + 1);
+  }
+  for (int r = rows; r < rp; ++r) {  // padding rows: zero queries that see every key
+    for (int c = 0; c < d; ++c) Qt[c * rp + r] = 0.0f;
+    sc.flo[r] = 0.0f;
+    sc.fhi[r] = std::numeric_limits<float>::max();
+  }
+  std::fill(sc.m.begin(), sc.m.begin() + rp, kNegInf);
+  std::fill(sc.l.begin(), sc.l.begin() + rp, 0.0f);
+  std::fill(O, O + rp * d, 0.0f);
+
+  const int kv_hi = std::min(ctx + it.q1, it.kv_end);
+  int kv_lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+  kv_lo = std::max(kv_lo, it.kv_begin);
+  const int32_t* table = a.block_tables + it.seq * a.block_table_stride;
+  const T* kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
+  const T* vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
+  const int span = static_cast<int>(d * sizeof(T));
+  const int first_block = kv_lo / bs, last_block = kv_hi > kv_lo ? (kv_hi - 1) / bs : -1;
+  for (int b = first_block; b <= last_block; ++b) {
+    const int t0 = std::max(b * bs, kv_lo), t1 = std::min((b + 1) * bs, kv_hi);
+    const int nk = t1 - t0;
+    const int64_t block = table[b];
+    const T* kb = kc + block * a.k_stride_block + (t0 - b * bs) * a.k_stride_slot;
+    const T* vb = vc + block * a.v_stride_block + (t0 - b * bs) * a.v_stride_slot;
+    if (b < last_block) {
+      const int64_t next = table[b + 1];
+      const int nn = std::min(bs, kv_hi - (b + 1) * bs);
+      prefetch_rows(kc + next * a.k_stride_block, a.k_stride_slot, nn, span);
+      prefetch_rows(vc + next * a.v_stride_block, a.v_stride_slot, nn, span);
+    }
+    const bool all_visible = t0 >= row_lo_max && t1 <= row_hi_min;
+    int64_t ks, vs;
+    const float* K = block_rows(kb, a.k_stride_slot, nk, d, sc.k.data(), &ks);
+    tile_scores(Qt, rp, d, K, ks, nk, St);
+    tile_softmax(St, rp, nk, t0, all_visible, sc);
+    const float* V = block_rows(vb, a.v_stride_slot, nk, d, sc.v.data(), &vs);
+    tile_pv(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
+  }
+
+  if (partial == nullptr) return write_rows<T>(a, it, O, sc.l.data(), d);
+  std::memcpy(partial, O, sizeof(float) * rows * d);
+  std::memcpy(partial + rows * d, sc.m.data(), sizeof(float) * rows);
+  std::memcpy(partial + rows * d + rows, sc.l.data(), sizeof(float) * rows);
+}
+
 // Work items, longest first. A request whose new rows for all heads fit one item (decode, short
 // chunks) gets one item over every KV head, so each block is read as one contiguous span; when
 // that leaves too few items to keep the threads busy, or for longer chunks, items are per KV
@@ -449,15 +674,25 @@ std::vector<Item> plan(const PagedAttentionArgs& a) {
       items.push_back(Item{s, 0, a.num_kv_heads, 0, q_len, 0, group, cost});
       continue;
     }
-    for (int q0 = 0; q0 < q_len; q0 += tokens_per_item) {
-      const int q1 = std::min(q_len, q0 + tokens_per_item);
+    // Prefill chunks of a few vectors of rows or more run as tiles of up to kMaxTileRows,
+    // their tokens shared out evenly.
+    const bool tile = a.head_dim % W == 0 && q_len * heads_per_item >= 2 * W;
+    int step = tokens_per_item;
+    if (tile) {
+      const int most = std::max(1, kMaxTileRows / heads_per_item);
+      step = (q_len + (q_len + most - 1) / most - 1) / ((q_len + most - 1) / most);
+    }
+    for (int q0 = 0; q0 < q_len; q0 += step) {
+      const int q1 = std::min(q_len, q0 + step);
       int keys = ctx + q1;
       if (a.sliding_window > 0) keys = std::min(keys, a.sliding_window + (q1 - q0));
       for (int h = 0; h < a.num_kv_heads; ++h)
         for (int g0 = 0; g0 < group; g0 += heads_per_item) {
           const int g1 = std::min(group, g0 + heads_per_item);
           const int64_t cost = static_cast<int64_t>(keys + 8) * (q1 - q0) * (g1 - g0);
-          items.push_back(Item{s, h, h + 1, q0, q1, g0, g1, cost});
+          Item item{s, h, h + 1, q0, q1, g0, g1, cost};
+          item.tile = tile;
+          items.push_back(item);
         }
     }
   }
@@ -544,7 +779,7 @@ template <typename T, int D>
 void paged_attention_impl(const PagedAttentionArgs& a) {
   std::vector<Item> items = plan(a);
   const int parts = split_items(a, items);
-  const int stride = kMaxRows * (a.head_dim + 2);  // one part's O, m and l
+  const int stride = kMaxTileRows * (a.head_dim + 2);  // one part's O, m and l
   std::vector<float> partial(static_cast<size_t>(parts) * stride);
   const int n = static_cast<int>(items.size());
   // Score rows: the block's keys rounded up to whole vectors and to groups of 4 keys.
@@ -555,7 +790,11 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
     Scratch sc(a.head_dim, ld, a.block_size);
     for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
       const Item& it = items[i];
-      run_item<T, D>(a, it, sc, ld, it.part < 0 ? nullptr : partial.data() + it.part * stride);
+      float* part = it.part < 0 ? nullptr : partial.data() + it.part * stride;
+      if (it.tile)
+        run_tile<T>(a, it, sc, part);
+      else
+        run_item<T, D>(a, it, sc, ld, part);
     }
   });
   if (parts > 0) merge_parts<T>(a, items, partial, stride);

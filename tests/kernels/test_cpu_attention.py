@@ -169,3 +169,41 @@ def test_split_kv_few_long_requests(threads, window):
         _check(case, 0.2, window, torch.float32)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [
+        (9, 3, 64),  # the benchmark model: 21-token tiles of 63 rows
+        (4, 4, 64),  # MHA: one head a tile
+        (8, 2, 128),
+        (8, 1, 32),  # MQA: a group of 8
+        (64, 1, 32),  # a group wider than kMaxRows: slices of 32 heads, two tokens a tile
+        (8, 2, 80),  # head size a multiple of the vector but not of four vectors
+        (6, 3, 20),  # not a multiple of any vector: the per-row path
+    ],
+)
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("window", [None, 37])
+def test_prefill_tiles(heads, kv_heads, dim, block_size, window):
+    """Prefill chunks run as row-vectorised tiles: chunks of every length around the tile size,
+    from position 0 and after a context, and one decode row beside them."""
+    query_lens = [100, 64, 21, 22, 11, 257, 1]
+    context_lens = [0, 45, 3, 0, 130, 200, 90]
+    case = _case(heads, kv_heads, dim, block_size, query_lens, context_lens, torch.float32)
+    _check(case, dim**-0.5, window, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefill_tiles_half_precision_and_split(dtype, threads):
+    """A half-precision pool (each block converted to float as read), and one long chunk alone
+    on the threads, whose tiles' key ranges are split and merged."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check(_case(8, 2, 64, 16, [40, 3], [300, 7], dtype), 0.125, None, dtype)
+        _check(_case(2, 1, 64, 16, [30], [1500], torch.float32), 0.125, None, torch.float32)
+        _check(_case(2, 1, 64, 16, [30], [1500], torch.float32), 0.125, 600, torch.float32)
+    finally:
+        torch.set_num_threads(before)
