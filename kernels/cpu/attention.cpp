@@ -336,6 +336,45 @@ void write_rows(const PagedAttentionArgs& a, const Item& it, const float* O, con
       }
 }
 
+// An item's keys: positions [lo, hi) (causal, sliding window, split-KV part) in blocks
+// [first_block, last_block] of its request's table; kc / vc point at its first KV head.
+template <typename T>
+struct ItemKeys {
+  int lo, hi, first_block, last_block;
+  const int32_t* table;
+  const T* kc;
+  const T* vc;
+  ItemKeys(const PagedAttentionArgs& a, const Item& it, int ctx) {
+    hi = std::min(ctx + it.q1, it.kv_end);
+    lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
+    lo = std::max(lo, it.kv_begin);
+    first_block = lo / a.block_size;
+    last_block = hi > lo ? (hi - 1) / a.block_size : -1;
+    table = a.block_tables + it.seq * a.block_table_stride;
+    kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
+    vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
+  }
+  // Prefetches the first `span` bytes of each slot of block b + 1's K and V.
+  void prefetch_next(const PagedAttentionArgs& a, int b, int span) const {
+    const int64_t next = table[b + 1];
+    const int nn = std::min(a.block_size, hi - (b + 1) * a.block_size);
+    prefetch_rows(kc + next * a.k_stride_block, a.k_stride_slot, nn, span);
+    prefetch_rows(vc + next * a.v_stride_block, a.v_stride_slot, nn, span);
+  }
+};
+
+// An item's result: normalised rows to the output, or (split-KV part) its unnormalised rows
+// followed by each row's running max and sum.
+template <typename T>
+void finish_item(const PagedAttentionArgs& a, const Item& it, const float* O, const float* m,
+                 const float* l, int rows, float* partial) {
+  const int d = a.head_dim;
+  if (partial == nullptr) return write_rows<T>(a, it, O, l, d);
+  std::memcpy(partial, O, sizeof(float) * rows * d);
+  std::memcpy(partial + rows * d, m, sizeof(float) * rows);
+  std::memcpy(partial + rows * d + rows, l, sizeof(float) * rows);
+}
+
 template <typename T, int D>
 void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, float* partial) {
   const int d = D > 0 ? D : a.head_dim, bs = a.block_size;
@@ -368,29 +407,21 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
     }
   std::fill(O, O + rows * d, 0.0f);
 
-  const int kv_hi = std::min(ctx + it.q1, it.kv_end);
-  int kv_lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
-  kv_lo = std::max(kv_lo, it.kv_begin);
-  const int32_t* table = a.block_tables + it.seq * a.block_table_stride;
-  const T* kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
-  const T* vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
+  const ItemKeys<T> keys(a, it, ctx);
+  const int kv_lo = keys.lo, kv_hi = keys.hi, last_block = keys.last_block;
+  const int32_t* table = keys.table;
+  const T *kc = keys.kc, *vc = keys.vc;
   // Bytes of a token's slot the item reads: its heads' rows (contiguous in the pool layout).
   const int span = static_cast<int>(((it.h1 - it.h0 - 1) * a.k_stride_head + d) * sizeof(T));
-  const int first_block = kv_lo / bs, last_block = kv_hi > kv_lo ? (kv_hi - 1) / bs : -1;
   // Several heads' rows in one item (float pool): walk each block key-major (see scores_heads).
   const bool key_major = std::is_same_v<T, float> && it.h1 - it.h0 > 1 && rows <= kMaxRows;
-  for (int b = first_block; b <= last_block; ++b) {
+  for (int b = keys.first_block; b <= last_block; ++b) {
     const int t0 = std::max(b * bs, kv_lo), t1 = std::min((b + 1) * bs, kv_hi);
     const int nk = t1 - t0;
     const int64_t block = table[b];
     const T* kb = kc + block * a.k_stride_block + (t0 - b * bs) * a.k_stride_slot;
     const T* vb = vc + block * a.v_stride_block + (t0 - b * bs) * a.v_stride_slot;
-    if (!key_major && b < last_block) {
-      const int64_t next = table[b + 1];
-      const int nn = std::min(bs, kv_hi - (b + 1) * bs);
-      prefetch_rows(kc + next * a.k_stride_block, a.k_stride_slot, nn, span);
-      prefetch_rows(vc + next * a.v_stride_block, a.v_stride_slot, nn, span);
-    }
+    if (!key_major && b < last_block) keys.prefetch_next(a, b, span);
     const bool all_visible = t0 >= row_lo_max && t1 <= row_hi_min;
     if (key_major) {
       // The next block's K is fetched while this block's scores are computed, its V while
@@ -426,11 +457,7 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
     }
   }
 
-  if (partial == nullptr) return write_rows<T>(a, it, O, sc.l.data(), d);
-  // Split-KV part: unnormalised rows, then each row's running max and sum.
-  std::memcpy(partial, O, sizeof(float) * rows * d);
-  std::memcpy(partial + rows * d, sc.m.data(), sizeof(float) * rows);
-  std::memcpy(partial + rows * d + rows, sc.l.data(), sizeof(float) * rows);
+  finish_item<T>(a, it, O, sc.m.data(), sc.l.data(), rows, partial);
 }
 
 // ---- prefill tiles --------------------------------------------------------------------------
@@ -613,26 +640,14 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
   std::fill(sc.l.begin(), sc.l.begin() + rp, 0.0f);
   std::fill(O, O + rp * d, 0.0f);
 
-  const int kv_hi = std::min(ctx + it.q1, it.kv_end);
-  int kv_lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
-  kv_lo = std::max(kv_lo, it.kv_begin);
-  const int32_t* table = a.block_tables + it.seq * a.block_table_stride;
-  const T* kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
-  const T* vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
-  const int span = static_cast<int>(d * sizeof(T));
-  const int first_block = kv_lo / bs, last_block = kv_hi > kv_lo ? (kv_hi - 1) / bs : -1;
-  for (int b = first_block; b <= last_block; ++b) {
-    const int t0 = std::max(b * bs, kv_lo), t1 = std::min((b + 1) * bs, kv_hi);
+  const ItemKeys<T> keys(a, it, ctx);
+  for (int b = keys.first_block; b <= keys.last_block; ++b) {
+    const int t0 = std::max(b * bs, keys.lo), t1 = std::min((b + 1) * bs, keys.hi);
     const int nk = t1 - t0;
-    const int64_t block = table[b];
-    const T* kb = kc + block * a.k_stride_block + (t0 - b * bs) * a.k_stride_slot;
-    const T* vb = vc + block * a.v_stride_block + (t0 - b * bs) * a.v_stride_slot;
-    if (b < last_block) {
-      const int64_t next = table[b + 1];
-      const int nn = std::min(bs, kv_hi - (b + 1) * bs);
-      prefetch_rows(kc + next * a.k_stride_block, a.k_stride_slot, nn, span);
-      prefetch_rows(vc + next * a.v_stride_block, a.v_stride_slot, nn, span);
-    }
+    const int64_t block = keys.table[b];
+    const T* kb = keys.kc + block * a.k_stride_block + (t0 - b * bs) * a.k_stride_slot;
+    const T* vb = keys.vc + block * a.v_stride_block + (t0 - b * bs) * a.v_stride_slot;
+    if (b < keys.last_block) keys.prefetch_next(a, b, static_cast<int>(d * sizeof(T)));
     const bool all_visible = t0 >= row_lo_max && t1 <= row_hi_min;
     int64_t ks, vs;
     const float* K = block_rows(kb, a.k_stride_slot, nk, d, sc.k.data(), &ks);
@@ -642,10 +657,7 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
     tile_pv(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
   }
 
-  if (partial == nullptr) return write_rows<T>(a, it, O, sc.l.data(), d);
-  std::memcpy(partial, O, sizeof(float) * rows * d);
-  std::memcpy(partial + rows * d, sc.m.data(), sizeof(float) * rows);
-  std::memcpy(partial + rows * d + rows, sc.l.data(), sizeof(float) * rows);
+  finish_item<T>(a, it, O, sc.m.data(), sc.l.data(), rows, partial);
 }
 
 // Work items, longest first. A request whose new rows for all heads fit one item (decode, short
