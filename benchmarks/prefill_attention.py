@@ -16,11 +16,12 @@ checkout, the median of its rounds' medians (7 calls each) and GFLOP/s of causal
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.ab_checkouts import alternate
 
 CASES = ((2048, 0), (2048, 2048), (512, 0))
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
@@ -59,16 +60,6 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run_once(tree: Path) -> dict[str, float]:
-    code = CHILD.format(heads=HEADS, kv_heads=KV_HEADS, dim=DIM, block=BLOCK, cases=CASES)
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=True
-    )
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    result: dict[str, float] = json.loads(line[len("RESULT ") :])
-    return result
-
-
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", type=Path, action="append", default=[])
@@ -76,14 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parent.parent
     trees = [here, *[p.resolve() for p in args.against]]
-    rounds: dict[Path, list[dict[str, float]]] = {t: [] for t in trees}
-    for r in range(args.rounds):
-        for t in trees if r % 2 == 0 else reversed(trees):
-            rounds[t].append(run_once(t))
-    medians = {
-        str(t): {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-        for t, runs in rounds.items()
-    }
+    code = CHILD.format(heads=HEADS, kv_heads=KV_HEADS, dim=DIM, block=BLOCK, cases=CASES)
+    medians = {str(t): m for t, m in alternate(trees, code, args.rounds).items()}
     for q_len, ctx in CASES:
         key = f"{q_len}@{ctx}"
         flops = 4 * HEADS * DIM * sum(ctx + i + 1 for i in range(q_len))

@@ -53,7 +53,7 @@ void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float
     }
   }
   for (int k = 0; k < kc; ++k) {
-    if (k < pf_lines) __builtin_prefetch(pf + k * 64);
+    if (k < pf_lines) prefetch_l2(pf + k * 64);
     const vf w0 = load(panel + k * NB);
     const vf w1 = load(panel + k * NB + W);
 #pragma GCC unroll 12

@@ -33,6 +33,12 @@ inline void store(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
 // x - 0 is x for every x (also -0), so this folds to a plain broadcast; vf{} + x would not.
 inline vf splat(float x) { return x - vf{}; }
 
+// Software prefetch of one cache line into L2 (prefetcht1), not L1: a prefetch into L1 holds
+// one of the core's few L1 miss slots until its line arrives, so a stream of them stalls the
+// loads of the arithmetic it is meant to overlap. Into L2 the same stream ran a decode step's
+// paged attention 1.6x faster and the decode GEMMs 1.1x (2-core AMD EPYC VM; docs/kernels.md).
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 
