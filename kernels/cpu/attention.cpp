@@ -363,6 +363,17 @@ struct ItemKeys {
   }
 };
 
+// Prefetches the first block of an item's keys (every slot, the item's heads' span of each).
+template <typename T>
+void prefetch_first_block(const PagedAttentionArgs& a, const Item& it) {
+  const int q_len = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
+  const ItemKeys<T> keys(a, it, a.seq_lens[it.seq] - q_len);
+  if (keys.last_block < keys.first_block) return;
+  const int64_t heads_span = (it.h1 - it.h0 - 1) * a.k_stride_head + a.head_dim;
+  const int span = static_cast<int>(heads_span * sizeof(T));
+  keys.prefetch_next(a, keys.first_block - 1, span);
+}
+
 // An item's result: normalised rows to the output, or (split-KV part) its unnormalised rows
 // followed by each row's running max and sum.
 template <typename T>
@@ -801,13 +812,20 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   std::atomic<int> next{0};
   parallel(threads, [&](int, int) {
     Scratch sc(a.head_dim, ld, a.block_size);
-    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+    // Each thread claims its next item before it runs the current one and prefetches that
+    // item's first block meanwhile: within an item every block is prefetched while the one
+    // before it is worked on, and this covers the first one too.
+    int i = next.fetch_add(1, std::memory_order_relaxed);
+    while (i < n) {
+      const int following = next.fetch_add(1, std::memory_order_relaxed);
+      if (following < n && !items[following].tile) prefetch_first_block<T>(a, items[following]);
       const Item& it = items[i];
       float* part = it.part < 0 ? nullptr : partial.data() + it.part * stride;
       if (it.tile)
         run_tile<T>(a, it, sc, part);
       else
         run_item<T, D>(a, it, sc, ld, part);
+      i = following;
     }
   });
   if (parts > 0) merge_parts<T>(a, items, partial, stride);
