@@ -119,11 +119,14 @@ def load_pdserve_torch(model: str, options: dict[str, Any]) -> Loaded:
 # Hugging Face transformers
 
 
-def _load_hf_model(model: str) -> Any:
+def _load_hf_model(model: str, options: dict[str, Any]) -> Any:
+    """The HF model in ``options["dtype"]`` (default fp32) on ``options["device"]`` (cpu)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    dtype = getattr(torch, str(options.get("dtype") or "float32"))
+    hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    hf_model.to(torch.device(str(options.get("device") or "cpu")))  # type: ignore[arg-type]
     hf_model.eval()
     return hf_model
 
@@ -138,7 +141,8 @@ def load_hf_static(model: str, options: dict[str, Any]) -> Loaded:
     import torch
     from transformers import GenerationConfig
 
-    hf_model = _load_hf_model(model)
+    hf_model = _load_hf_model(model, options)
+    device = hf_model.device
     load_s = time.perf_counter() - t0
     batch_size = int(options.get("batch_size", 8))
     pad_id = 0
@@ -164,8 +168,8 @@ def load_hf_static(model: str, options: dict[str, Any]) -> Loaded:
             )
             with torch.inference_mode():
                 out = hf_model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
                     generation_config=gen_config,
                 )
             for row, r in enumerate(batch):
@@ -175,7 +179,8 @@ def load_hf_static(model: str, options: dict[str, Any]) -> Loaded:
                 results.append(gen[: r["max_tokens"]])
         return results
 
-    return Loaded(load_s, run, {"batch_size": batch_size})
+    settings = {"batch_size": batch_size, "device": str(device), "dtype": str(hf_model.dtype)}
+    return Loaded(load_s, run, settings)
 
 
 def load_hf_cb(model: str, options: dict[str, Any]) -> Loaded:
@@ -190,7 +195,7 @@ def load_hf_cb(model: str, options: dict[str, Any]) -> Loaded:
     import torch
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
-    hf_model = _load_hf_model(model)
+    hf_model = _load_hf_model(model, options)
     cb_config = ContinuousBatchingConfig(
         page_size=int(options.get("page_size", 256)),
         num_blocks=int(options.get("num_blocks", 160)),

@@ -8,7 +8,8 @@
               layers + lm_head) and every running request's K/V once, and computes its rows;
               its floor is the larger of bytes / read bandwidth and FLOPs / peak GEMM rate.
 
-The sum is a floor for an engine that does exactly this work and nothing else in fp32: it
+The sum is a floor for an engine that does exactly this work and nothing else, with weights
+and K/V of ``bytes_per_element`` each (4: fp32, the CPU benchmark; 2: bf16 on a GPU): it
 ignores that real steps mix prefill chunks with decodes, and all overheads. The compute
 roofline (FLOPs / peak) ignores the memory traffic instead; decode steps are bound by it.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from benchmarks.workloads import BenchRequest, ModelShape
 
-BYTES_PER_PARAM = 4  # fp32
+BYTES_PER_PARAM = 4  # fp32, the CPU benchmark's dtype
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Floor:
     decode_steps: int
     gemm_gflops: float
     read_gbps: float
+    bytes_per_element: int = BYTES_PER_PARAM
 
     @property
     def decode_s(self) -> float:
@@ -41,13 +43,18 @@ class Floor:
         return self.prefill_s + self.decode_s
 
 
-def kv_bytes_per_position(shape: ModelShape) -> int:
+def kv_bytes_per_position(shape: ModelShape, bytes_per_element: int = BYTES_PER_PARAM) -> int:
     """K and V of one position, all layers."""
-    return 2 * shape.num_key_value_heads * shape.head_dim * shape.num_hidden_layers * 4
+    kv_elements = 2 * shape.num_key_value_heads * shape.head_dim * shape.num_hidden_layers
+    return kv_elements * bytes_per_element
 
 
 def physical_floor(
-    requests: list[BenchRequest], shape: ModelShape, gemm_gflops: float, read_gbps: float
+    requests: list[BenchRequest],
+    shape: ModelShape,
+    gemm_gflops: float,
+    read_gbps: float,
+    bytes_per_element: int = BYTES_PER_PARAM,
 ) -> Floor:
     peak, bw = gemm_gflops * 1e9, read_gbps * 1e9
     linear_flops_per_token = 2.0 * shape.params_in_linear_layers
@@ -60,8 +67,8 @@ def physical_floor(
         prefill_flops += linear_flops_per_token * n + head_flops_per_token
         prefill_flops += attn_flops_per_key * n * (n + 1) / 2
 
-    weight_bytes = BYTES_PER_PARAM * (shape.params_in_linear_layers + shape.lm_head_params)
-    kv_per_pos = kv_bytes_per_position(shape)
+    weight_bytes = bytes_per_element * (shape.params_in_linear_layers + shape.lm_head_params)
+    kv_per_pos = kv_bytes_per_position(shape, bytes_per_element)
     steps = max((r.max_tokens - 1 for r in requests), default=0)
     weights_s = kv_s = extra_s = 0.0
     for s in range(steps):
@@ -83,4 +90,5 @@ def physical_floor(
         decode_steps=steps,
         gemm_gflops=gemm_gflops,
         read_gbps=read_gbps,
+        bytes_per_element=bytes_per_element,
     )

@@ -53,6 +53,8 @@ from benchmarks.workloads import (  # noqa: E402
 ENGINES = ("pdserve", "pdserve-torch", "hf-static", "hf-cb", "vllm")
 RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
 ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
+GPU_ROOFLINE = REPO_ROOT / "benchmarks" / "gpu_roofline.py"
+BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 BENCH_DIR = Path.home() / ".cache" / "pdserve" / "bench"
 DEFAULT_MODEL_DIR = BENCH_DIR / "smollm2-135m-shape-random-fp32"
 
@@ -89,7 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--skip-roofline",
         action="store_true",
-        help="no CPU GEMM/bandwidth measurement (runs on a GPU); no roofline or floor columns",
+        help="no GEMM/bandwidth measurement; no roofline or floor columns",
+    )
+    p.add_argument(
+        "--gpu-roofline",
+        action="store_true",
+        help="measure the roofline and floor on the CUDA device (gpu_roofline.py: GEMMs in "
+        "--pdserve-dtype, HBM read bandwidth) instead of this machine's CPU",
     )
     p.add_argument("--out", type=Path, help="write raw results as JSON here")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine subprocess")
@@ -124,6 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     g = p.add_argument_group("HF transformers")
     g.add_argument("--hf-batch-size", type=int, default=8, help="static batch size for generate")
+    g.add_argument("--hf-device", default="cpu", help="cpu | cuda: where HF's model runs")
+    g.add_argument("--hf-dtype", default="float32", help="HF model's dtype")
     g.add_argument("--hf-cb-page-size", type=int, default=256)
     g.add_argument("--hf-cb-num-blocks", type=int, default=160)
     g.add_argument("--hf-cb-max-batch-tokens", type=int, default=512)
@@ -160,8 +170,14 @@ def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {
         "pdserve": pdserve,
         "pdserve-torch": pdserve,
-        "hf-static": {"batch_size": args.hf_batch_size},
+        "hf-static": {
+            "batch_size": args.hf_batch_size,
+            "device": args.hf_device,
+            "dtype": args.hf_dtype,
+        },
         "hf-cb": {
+            "device": args.hf_device,
+            "dtype": args.hf_dtype,
             "page_size": args.hf_cb_page_size,
             "num_blocks": args.hf_cb_num_blocks,
             "max_batch_tokens": args.hf_cb_max_batch_tokens,
@@ -233,7 +249,11 @@ def measure_roofline(args: argparse.Namespace, tmp: Path, tag: str) -> dict[str,
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
-    run_subprocess([sys.executable, str(ROOFLINE), "--out", str(out)], env, 600)
+    cmd = [sys.executable, str(ROOFLINE), "--out", str(out)]
+    if args.gpu_roofline:
+        cmd = [sys.executable, str(GPU_ROOFLINE), "--out", str(out), "--shape", args.shape]
+        cmd += ["--dtype", args.pdserve_dtype]
+    run_subprocess(cmd, env, 600)
     result: dict[str, Any] = json.loads(out.read_text())
     result["loadavg"] = _loadavg()
     return result
@@ -283,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"workload: {len(requests)} requests, {prompt} prompt + {output} output tokens")
         for engine in args.engines:
             print(f"engine {engine}: {RUNNER.name} --engine {engine}, {args.repeats} passes")
-        print("roofline/floor:", "skipped" if args.skip_roofline else f"{ROOFLINE.name} twice")
+        probe = GPU_ROOFLINE if args.gpu_roofline else ROOFLINE
+        print("roofline/floor:", "skipped" if args.skip_roofline else f"{probe.name} twice")
         return
     model_dir = ensure_model_folder(args.model_dir, shape=args.shape)
     requests = make_workload(
@@ -324,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     read_gbps = max((g["read_gbps"] for g in gemm), default=None)
     floor = None
     if gemm_gflops is not None and read_gbps is not None:
-        floor = physical_floor(requests, shape, gemm_gflops, read_gbps)
+        element = BYTES_PER_ELEMENT[args.pdserve_dtype] if args.gpu_roofline else 4
+        floor = physical_floor(requests, shape, gemm_gflops, read_gbps, element)
     summary = summarize(results, flops, gemm_gflops, floor)
     agreement: dict[str, dict[str, Any]] = {}
     if "pdserve" in results:

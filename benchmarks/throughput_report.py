@@ -81,7 +81,8 @@ def print_report(
     print(
         f"workload: {args.num_requests} requests, seed {args.seed}, prompt {args.prompt_len[0]}-"
         f"{args.prompt_len[1]}, output {args.output_len[0]}-{args.output_len[1]} tokens; "
-        f"{totals['prompt']} prompt + {totals['output']} output tokens; greedy, ignore EOS, fp32"
+        f"{totals['prompt']} prompt + {totals['output']} output tokens; greedy, ignore EOS, "
+        f"pdserve in {args.pdserve_dtype}"
     )
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     print(f"OMP_WAIT_POLICY: {args.omp_wait_policy or policy}")
@@ -90,6 +91,13 @@ def print_report(
         f"lm_head {flops['lm_head'] / 1e12:.3f}, attention {flops['attention'] / 1e12:.3f})"
     )
     for g in gemm:
+        if "device" in g:  # gpu_roofline.py: medians by CUDA events
+            rates = ", ".join(f"M={m}: {v['layer_gflops']:.0f}" for m, v in g["by_m"].items())
+            print(
+                f"{g['dtype']} GEMM at layer shapes on {g['device']} ({g['tag']} of run), "
+                f"GFLOP/s median call: {rates}; HBM read {g['read_gbps']:.0f} GB/s"
+            )
+            continue
         rates = ", ".join(
             f"M={m}: {v['layer_gflops']:.0f} ({v['layer_gflops_median']:.0f})"
             for m, v in g["by_m"].items()

@@ -33,3 +33,16 @@ def test_compute_bound_steps_add_their_excess() -> None:
     assert slow_compute.decode_compute_extra_s > 0
     fast_compute = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=10.0)
     assert fast_compute.decode_compute_extra_s == 0
+
+
+def test_half_precision_floor_reads_half_the_bytes() -> None:
+    """A bf16 engine on a GPU (offline_throughput.py --gpu-roofline): weights and K/V of two
+    bytes each, so every byte-bound part of the floor halves; the FLOPs do not change."""
+    shape = model_shape("llama-1b")
+    reqs = [BenchRequest([5] * 40, 9), BenchRequest([5] * 12, 4)]
+    fp32 = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=4000.0)
+    bf16 = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=4000.0, bytes_per_element=2)
+    assert kv_bytes_per_position(shape, 2) * 2 == kv_bytes_per_position(shape)
+    assert bf16.decode_weights_s == pytest.approx(fp32.decode_weights_s / 2)
+    assert bf16.decode_kv_s == pytest.approx(fp32.decode_kv_s / 2)
+    assert bf16.prefill_s == fp32.prefill_s and bf16.bytes_per_element == 2

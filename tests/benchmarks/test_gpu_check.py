@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check import REMAINING, plan
+from benchmarks.gpu_check import plan
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = ["env", "kernel-tests", "hf-exact-triton", "offline-135m", "offline-1b", "kernel-bench"]
+STEPS = ["env", "kernel-tests", "hf-exact-triton", "offline-135m", "kernel-bench", "offline-1b"]
 
 
 def test_plan_covers_the_gpu_path_within_six_minutes() -> None:
@@ -23,8 +23,14 @@ def test_plan_covers_the_gpu_path_within_six_minutes() -> None:
     assert by_name["kernel-tests"].env == {"TRITON_INTERPRET": "0"}  # compiled, not interpreted
     assert "tests/kernels" in by_name["kernel-tests"].command
     assert "tests/engine/test_hf_exactness.py" in by_name["hf-exact-triton"].command
-    assert REMAINING in by_name["kernel-bench"].command
     assert "llama-1b" in by_name["offline-1b"].command
+    for name in ("offline-135m", "offline-1b"):  # beside HF on the same card, against its floor
+        command = by_name[name].command
+        assert "--gpu-roofline" in command and "pdserve,hf-static" in command
+        assert command[command.index("--hf-device") + 1] == "cuda"
+        assert command[command.index("--hf-dtype") + 1] == (
+            command[command.index("--pdserve-dtype") + 1]
+        )
     for s in steps:  # every script and test path the steps name exists
         for part in s.command:
             if part.startswith(("benchmarks/", "tests/")):

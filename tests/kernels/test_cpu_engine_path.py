@@ -15,11 +15,19 @@ import torch
 from torch import nn
 
 import kernels.cpu
+from engine.llm_engine import LLMEngine
 from engine.models.layers import PackedLinear
 from tests.conftest import TINY_ARCHS
 from tests.engine.engine_utils import assert_pool_free, greedy, random_prompts, run_to_completion
-from tests.engine.test_hf_exactness import check_against_hf, make_engine, submit
+from tests.engine.test_hf_exactness import check_against_hf, submit
+from tests.engine.test_hf_exactness import make_engine as make_any_engine
 from tests.kernels.cpu_ops import cpu_ops
+
+
+def make_engine(folder: Path, **overrides: object) -> LLMEngine:
+    """The HF-exactness suite's engine, on the CPU even where a GPU is present (the CPU path is
+    what these tests are about; ``benchmarks/gpu_check.py`` runs them on a CUDA machine too)."""
+    return make_any_engine(folder, device="cpu", **overrides)
 
 
 def test_default_cpu_path_is_the_compiled_kernels(tiny_model: Path) -> None:
