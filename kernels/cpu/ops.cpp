@@ -14,6 +14,10 @@
 #include "kernels.h"
 #include "pool.h"
 
+// Check messages stream strings only, numbers through std::to_string: on the H200 image (torch
+// 2.11+cu130, the system g++ 13) an integer streamed into a TORCH_CHECK message crashed the
+// process in libstdc++'s locale facets instead of raising (benchmarks/gpu_check.py found it).
+
 namespace {
 
 using at::Tensor;
@@ -154,7 +158,8 @@ Tensor linear(const Tensor& x, const Tensor& packed, int64_t out_features,
                   packed.size(0) * packed.size(2) >= out_features &&
                   packed.size(0) * packed.size(2) < out_features + packed.size(2),
               "pdserve_cpu.linear: x must be float32 [rows, in] and packed [panels, in, ",
-              pdcpu::linear_panel_width(), "] for ", out_features, " outputs");
+              std::to_string(pdcpu::linear_panel_width()), "] for ", std::to_string(out_features),
+              " outputs");
   const float* b = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
