@@ -13,16 +13,26 @@ import torch
 from benchmarks.gpu_check import plan
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = ["env", "kernel-tests", "hf-exact-triton", "offline-135m", "kernel-bench", "offline-1b"]
+STEPS = [
+    "env",
+    "kernel-tests",
+    "hf-exact-triton",
+    "offline-135m",
+    "step-profile",
+    "kernel-bench",
+    "offline-1b",
+]
 
 
 def test_plan_covers_the_gpu_path_within_six_minutes() -> None:
     steps = plan("python", quick=False, wheels=None)
     assert [s.name for s in steps] == STEPS
+    assert len(steps) + 1 <= 8  # a lent machine sends back 8 files: each step's log + summary
     by_name = {s.name: s for s in steps}
     assert by_name["kernel-tests"].env == {"TRITON_INTERPRET": "0"}  # compiled, not interpreted
     assert "tests/kernels" in by_name["kernel-tests"].command
     assert "tests/engine/test_hf_exactness.py" in by_name["hf-exact-triton"].command
+    assert by_name["hf-exact-triton"].env["TRITON_INTERPRET"] == "0"
     assert "llama-1b" in by_name["offline-1b"].command
     for name in ("offline-135m", "offline-1b"):  # beside HF on the same card, against its floor
         command = by_name[name].command
