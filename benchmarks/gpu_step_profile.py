@@ -88,16 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.steps):
             engine.step()
         _sync(device)
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernel_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / args.steps
+    launched = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernel_ms = sum(e.time_range.elapsed_us() for e in launched) / 1e3 / args.steps
     step_ms = statistics.median(walls)
 
+    ops = engine.runner.model.kernels
+    elementwise = "torch" if ops is None else getattr(ops, "name", None) or type(ops).__name__
     print(f"{args.shape} {args.dtype} on {device}: {len(engine.scheduler.running)} running")
+    print(f"elementwise ops: {elementwise}; attention backend {engine.backend.name}")
     print(f"{prefill_steps} steps to finish the prompts; then {args.steps} decode steps timed")
     print(f"decode step: median {step_ms:.2f} ms (min {min(walls):.2f}, max {max(walls):.2f})")
     if device.type == "cuda":
         print(
-            f"per step: {len(kernels) / args.steps:.0f} kernels, {kernel_ms:.2f} ms of kernel "
+            f"per step: {len(launched) / args.steps:.0f} kernels, {kernel_ms:.2f} ms of kernel "
             f"time: device busy {kernel_ms / step_ms:.0%} of the step's wall time"
         )
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))

@@ -2,12 +2,16 @@
 
 The runner alone owns the device: the model weights, the KV pool and the sampler's state. On
 CPU it switches the model to the compiled kernels of ``kernels/cpu`` when they are available
-(``kernels.cpu.load``; ``PDSERVE_CPU_KERNELS=0`` keeps the plain-torch path).
+(``kernels.cpu.load``; ``PDSERVE_CPU_KERNELS=0`` keeps the plain-torch path). On CUDA it runs
+the layers' elementwise ops as Triton kernels (``kernels.pointwise``; ``PDSERVE_GPU_POINTWISE=0``
+keeps the torch ops).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +24,9 @@ from engine.outputs import SampledToken
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler_output import SchedulerOutput
 from engine.structured.masks import GrammarMasks
+
+GPU_POINTWISE_ENV = "PDSERVE_GPU_POINTWISE"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,33 @@ class ModelRunner:
             kernels = load()
             if kernels is not None:
                 model.use_cpu_kernels(kernels)
+        elif device.type == "cuda" and os.environ.get(GPU_POINTWISE_ENV, "1") != "0":
+            self._use_triton_pointwise()
+
+    @torch.inference_mode()
+    def _use_triton_pointwise(self) -> None:
+        """The layers' elementwise ops as Triton kernels, once they pass ``self_check`` on this
+        device at the model's shapes; otherwise the torch ops, and one warning."""
+        from kernels.pointwise import TritonPointwise, self_check
+
+        mc = self.model_config
+        problem = self_check(
+            self.device,
+            mc.dtype,
+            mc.hidden_size,
+            mc.num_heads,
+            mc.num_kv_heads,
+            mc.head_dim,
+            mc.intermediate_size,
+        )
+        if problem is not None:
+            logger.warning(
+                "Triton elementwise kernels off, torch ops kept (%s=0 does this quietly): %s",
+                GPU_POINTWISE_ENV,
+                problem,
+            )
+            return
+        self.model.use_pointwise_kernels(TritonPointwise())
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:

@@ -1,9 +1,11 @@
 """Building blocks shared by the Llama-family models, numerically matching HF's definitions.
 
-Each block has a plain-torch forward and, once ``kernels`` is set (``torch.ops.pdserve_cpu``,
-see ``LlamaForCausalLM.use_cpu_kernels``), a compiled CPU one that does the same arithmetic in
-one pass: RMSNorm with the residual add before it, rotary in place on q and k, SiLU·mul, and
-float32 linear layers on weights packed once (``PackedLinear``).
+Each block has a plain-torch forward and, once ``kernels`` is set, a fused one that does the
+same arithmetic in one pass: RMSNorm with the residual add before it, rotary in place on q and
+k, SiLU·mul. ``kernels`` is ``torch.ops.pdserve_cpu`` on a CPU
+(``LlamaForCausalLM.use_cpu_kernels``, which also runs float32 linear layers on weights packed
+once: ``PackedLinear``) or ``kernels.pointwise.TritonPointwise`` on a GPU
+(``use_pointwise_kernels``).
 """
 
 from __future__ import annotations
@@ -104,12 +106,16 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
 
     def for_step(self, positions: torch.Tensor, dtype: torch.dtype, kernels: Any) -> StepRotary:
-        """The step's rotary; with ``kernels`` (CPU tensors) the tables are read per token."""
-        if kernels is None or positions.device.type != "cpu":
+        """The step's rotary; with ``kernels`` the tables are read per token. On a CPU the
+        positions are checked against the tables here; on a GPU that check would cost a device
+        sync a step, and the engine's ``max_model_len`` (at most the tables' length) bounds
+        them already."""
+        if kernels is None:
             cos, sin = self.lookup(positions, dtype)
             return StepRotary(cos, sin, positions)
-        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            raise IndexError(f"position past the rotary table ({self.cos.shape[0]} positions)")
+        if positions.device.type == "cpu" and positions.numel():
+            if int(positions.max()) >= self.cos.shape[0]:
+                raise IndexError(f"position past the rotary table ({self.cos.shape[0]} positions)")
         return StepRotary(self.cos, self.sin, positions, kernels)
 
 

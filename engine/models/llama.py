@@ -185,15 +185,21 @@ class LlamaForCausalLM(nn.Module):
         # step runs on the cpu attention backend; set by use_cpu_kernels.
         self.fused_layers = False
 
+    def use_pointwise_kernels(self, kernels: Any) -> None:
+        """Run norms (with their residual adds), rotary and SiLU·mul on ``kernels``: the
+        compiled CPU kernels, or ``kernels.pointwise.TritonPointwise`` on a GPU. Both offer
+        ``rms_norm``, ``add_rms_norm``, ``rotary_`` and ``silu_mul``."""
+        self.kernels = kernels
+        for module in self.modules():
+            if isinstance(module, RMSNorm | LlamaMLP):
+                module.kernels = kernels
+
     def use_cpu_kernels(self, kernels: Any) -> None:
         """Run norms, rotary and SiLU·mul on the compiled CPU kernels, and in float32 also every
         linear layer (lm_head included) on weights packed once; the unpacked decoder weights
         are released (a tied lm_head gets its own packed copy; the embedding keeps its table).
         Call after the weights are loaded."""
-        self.kernels = kernels
-        for module in self.modules():
-            if isinstance(module, RMSNorm | LlamaMLP):
-                module.kernels = kernels
+        self.use_pointwise_kernels(kernels)
         if self.embed_tokens.weight.dtype != torch.float32:
             return
         for parent in list(self.modules()):
