@@ -18,7 +18,8 @@ that would start past it is skipped and reported so):
    SmolLM2-135M-shaped random model, fp32: pdserve beside HF ``generate`` on the same card, and
    the workload's floor from the card's measured GEMM rate and HBM bandwidth.
 5. ``step-profile``: ``benchmarks/gpu_step_profile.py``: a decode step of 32 requests on the
-   135M shape, its wall time against the kernels it launches and their device time.
+   135M shape, its wall time against the kernels it launches and their device time, with the
+   layers' elementwise ops as torch ops and as Triton kernels (``kernels/pointwise.py``).
 6. ``kernel-bench``: ``benchmarks/kernels.py`` (GB/s of each Triton kernel vs HBM peak), 70 s
    of configs (45 with ``--quick``).
 7. ``offline-1b``: as step 4 on a Llama-3.2-1B-shaped random model, bf16.
@@ -118,7 +119,7 @@ def plan(python: str, quick: bool, wheels: Path | None) -> list[Step]:
             dry_command=[*pytest, "--collect-only", "tests/engine/test_hf_exactness.py"],
         ),
         Step("offline-135m", offline_135m, 100, dry_command=[*offline_135m, "--plan-only"]),
-        Step("step-profile", profile, 60, dry_command=[*profile, "--help"]),
+        Step("step-profile", profile, 75, dry_command=[*profile, "--help"]),
         Step(
             "kernel-bench",
             [python, "benchmarks/kernels.py", "--budget-s", "45" if quick else "70"],

@@ -7,17 +7,22 @@ Runs the offline benchmark's workload (same seed, same random model folder) thro
 ``LLMEngine`` on the default device until every request has finished its prompt, then times
 ``--steps`` pure decode steps (device synchronised around each) and runs ``torch.profiler`` over
 as many more. Prints per step: wall milliseconds, the kernels launched and the summed time they
-ran on the device, so ``device busy`` = kernel time / wall says how much of the step the GPU
-works and how much it waits for Python to launch the next kernel; then the top ops by self CPU
-time. On a CPU the same script runs (no kernels to count), which is how it is tested.
+ran on the device, so ``busy`` = kernel time / wall says how much of the step the GPU works and
+how much it waits for Python to launch the next kernel; and the top ops by self CPU time. On
+CUDA it does this twice in one invocation, with the layers' elementwise ops as torch ops
+(``PDSERVE_GPU_POINTWISE=0``) and as the Triton kernels of ``kernels/pointwise.py``, and prints
+the ratio. On a CPU it runs the default path once (no kernels to count), which is how it is
+tested.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +32,7 @@ from benchmarks.offline_throughput import default_model_dir
 from benchmarks.workloads import SHAPES, ensure_model_folder, make_workload, model_shape
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model_runner import GPU_POINTWISE_ENV
 from engine.sampling_params import SamplingParams
 
 
@@ -43,16 +49,24 @@ def _all_decoding(engine: LLMEngine) -> bool:
     return all(r.num_computed_tokens >= r.num_prompt_tokens for r in running)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--num-requests", type=int, default=32)
-    p.add_argument("--steps", type=int, default=20, help="timed steps, then as many profiled")
-    p.add_argument("--model-dir", type=Path, default=None)
-    args = p.parse_args(argv)
+@dataclass
+class Profiled:
+    label: str
+    elementwise: str
+    prefill_steps: int
+    walls_ms: list[float]
+    kernels_per_step: float
+    kernel_ms: float
+    table: str
 
-    folder = ensure_model_folder(args.model_dir or default_model_dir(args.shape), shape=args.shape)
+    @property
+    def step_ms(self) -> float:
+        return statistics.median(self.walls_ms)
+
+
+def profile_decode(folder: Path, args: argparse.Namespace, label: str) -> Profiled:
+    """One engine (made now, so it reads the environment now): the workload's prompts, then
+    ``args.steps`` decode steps timed and as many profiled."""
     shape = model_shape(args.shape)
     # Outputs long enough that every request is still decoding through both measured windows.
     out_len = 3 * args.steps + 64
@@ -89,23 +103,50 @@ def main(argv: list[str] | None = None) -> int:
             engine.step()
         _sync(device)
     launched = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernel_ms = sum(e.time_range.elapsed_us() for e in launched) / 1e3 / args.steps
-    step_ms = statistics.median(walls)
-
     ops = engine.runner.model.kernels
-    elementwise = "torch" if ops is None else getattr(ops, "name", None) or type(ops).__name__
-    print(f"{args.shape} {args.dtype} on {device}: {len(engine.scheduler.running)} running")
-    print(f"elementwise ops: {elementwise}; attention backend {engine.backend.name}")
-    print(f"{prefill_steps} steps to finish the prompts; then {args.steps} decode steps timed")
-    print(f"decode step: median {step_ms:.2f} ms (min {min(walls):.2f}, max {max(walls):.2f})")
-    if device.type == "cuda":
-        print(
-            f"per step: {len(launched) / args.steps:.0f} kernels, {kernel_ms:.2f} ms of kernel "
-            f"time: device busy {kernel_ms / step_ms:.0%} of the step's wall time"
-        )
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     for i in range(len(requests)):
         engine.abort_request(f"r{i}")
+    return Profiled(
+        label=label,
+        elementwise="torch" if ops is None else getattr(ops, "name", None) or type(ops).__name__,
+        prefill_steps=prefill_steps,
+        walls_ms=walls,
+        kernels_per_step=len(launched) / args.steps,
+        kernel_ms=sum(e.time_range.elapsed_us() for e in launched) / 1e3 / args.steps,
+        table=prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20, help="timed steps, then as many profiled")
+    p.add_argument("--model-dir", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    folder = ensure_model_folder(args.model_dir or default_model_dir(args.shape), shape=args.shape)
+    runs = []
+    if torch.cuda.is_available():  # the GPU's elementwise ops both ways, torch's first
+        for label, value in (("torch elementwise ops", "0"), ("Triton elementwise ops", "1")):
+            os.environ[GPU_POINTWISE_ENV] = value
+            runs.append(profile_decode(folder, args, label))
+            torch.cuda.empty_cache()
+    else:
+        runs.append(profile_decode(folder, args, "default path"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"{args.shape} {args.dtype} on {device}: {args.num_requests} requests decoding")
+    for r in runs:
+        print(f"\n## {r.label} (elementwise: {r.elementwise})\n{r.table}")
+    print(f"\n{'run':<24} {'step ms (median; min-max)':>28} {'kernels':>8} {'kernel ms':>10} busy")
+    for r in runs:
+        timing = f"{r.step_ms:.2f}; {min(r.walls_ms):.2f}-{max(r.walls_ms):.2f}"
+        busy = f"{r.kernel_ms / r.step_ms:.0%}" if device == "cuda" else "-"
+        line = f"{r.label:<24} {timing:>28} {r.kernels_per_step:>8.0f} {r.kernel_ms:>10.2f}"
+        print(f"{line} {busy}")
+    if len(runs) == 2:
+        print(f"decode step, torch ops / Triton ops: {runs[0].step_ms / runs[1].step_ms:.2f}x")
     return 0
 
 
