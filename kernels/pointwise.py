@@ -138,54 +138,43 @@ def _check_rows(x: torch.Tensor, name: str) -> None:
     assert x.dim() == 2 and x.stride(-1) == 1, f"{name} must be [rows, dim], rows contiguous"
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm of each row of ``x`` ``[rows, dim]`` into a new tensor."""
+def _norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     _check_rows(x, "x")
     assert weight.shape == (x.shape[1],) and weight.dtype == x.dtype and weight.is_contiguous()
-    check_device(x, weight)
+    stream = x if residual is None else residual
+    check_device(x, stream, weight)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         _rms_norm_kernel[(x.shape[0],)](
             x,
-            x,
+            stream,
             weight,
             out,
             x.stride(0),
-            x.stride(0),
+            stream.stride(0),
             out.stride(0),
             x.shape[1],
             eps,
-            HAS_RESIDUAL=False,
+            HAS_RESIDUAL=residual is not None,
             BLOCK=next_power_of_2(x.shape[1]),
         )
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm of each row of ``x`` ``[rows, dim]`` into a new tensor."""
+    return _norm(x, None, weight, eps)
 
 
 def add_rms_norm(
     residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """``residual += x`` in place, then return RMSNorm of the sum (a new tensor)."""
-    _check_rows(x, "x")
     _check_rows(residual, "residual")
     assert residual.shape == x.shape and residual.dtype == x.dtype, "residual must match x"
-    assert weight.shape == (x.shape[1],) and weight.dtype == x.dtype and weight.is_contiguous()
-    check_device(residual, x, weight)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.shape[0]:
-        _rms_norm_kernel[(x.shape[0],)](
-            x,
-            residual,
-            weight,
-            out,
-            x.stride(0),
-            residual.stride(0),
-            out.stride(0),
-            x.shape[1],
-            eps,
-            HAS_RESIDUAL=True,
-            BLOCK=next_power_of_2(x.shape[1]),
-        )
-    return out
+    return _norm(x, residual, weight, eps)
 
 
 def rotary_(
