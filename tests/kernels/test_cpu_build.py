@@ -5,6 +5,7 @@ and the fallbacks to the torch path (kernels disabled, no compiler), each in a f
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -192,3 +193,47 @@ def test_failed_build_is_logged_and_not_retried(tmp_path):
         warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING")]
         assert len(warnings) == 1 and "torch path" in warnings[0], r.stderr
         assert "deliberately broken" not in r.stderr
+
+
+def _check_message_args(source: str) -> list[str]:
+    """The message arguments of every ``TORCH_CHECK(cond, msg...)`` in ``source``."""
+    args: list[str] = []
+    for start in (m.end() for m in re.finditer(r"\bTORCH_CHECK\(", source)):
+        depth, quoted, current, parts = 1, False, "", []
+        for ch in source[start:]:
+            if quoted:
+                quoted = ch != '"' or current.endswith("\\")
+            elif ch == '"':
+                quoted = True
+            elif ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
+                if depth == 0:
+                    break
+            elif ch == "," and depth == 1:
+                parts.append(current.strip())
+                current = ""
+                continue
+            current += ch
+        parts.append(current.strip())
+        args += parts[1:]  # parts[0] is the condition
+    return args
+
+
+def test_check_messages_stream_no_numbers():
+    """On the H200 image (torch 2.11+cu130, g++ 13) an integer streamed into a TORCH_CHECK
+    message crashed the process in libstdc++'s locale facets instead of raising: every
+    message argument is a string literal, a ``const char*`` name, ``std::to_string(...)`` or a
+    dtype (c10 streams its name). Checked here, where the crash does not happen."""
+    literal = r'^("([^"\\]|\\.)*"\s*)+$'
+    allowed = re.compile(rf"{literal}|^name$|^std::to_string\(.*\)$|\.scalar_type\(\)$")
+    offenders = []
+    for path in sorted(cpu.SOURCE_DIR.glob("*.cpp")):
+        for arg in _check_message_args(path.read_text()):
+            if not allowed.search(arg):
+                offenders.append(f"{path.name}: {arg}")
+    assert not offenders, offenders
+    # The parser sees the messages (a regex that matched nothing would pass vacuously).
+    assert len(_check_message_args((cpu.SOURCE_DIR / "ops.cpp").read_text())) >= 20
+    assert _check_message_args('TORCH_CHECK(a == f(b, c), "n=", n, "!");') == ['"n="', "n", '"!"']
