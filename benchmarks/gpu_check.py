@@ -2,6 +2,10 @@
 
     python benchmarks/gpu_check.py [--out DIR] [--wheels DIR] [--budget-s 420]
     python benchmarks/gpu_check.py --dry-run     # on CPU: plans every step, runs what can run
+    python benchmarks/gpu_check.py --download-wheels .whl   # here, before the device call
+
+On a lent machine (its tree is this repository's; ``.whl`` ignored by git and carried):
+``python3 benchmarks/gpu_check.py --wheels .whl --out $OUT``.
 
 Steps, in order, each under its own time limit and the whole under ``--budget-s`` (a step
 that would start past it is skipped and reported so):
@@ -68,6 +72,25 @@ REQUIRED = {
     "llguidance": "llguidance",  # the engine's structured outputs, imported by its sampler
 }
 IMAGE_OWNED = ("torch", "triton", "transformers")  # never installed over the image's own
+# What the H200 image lacked on 2026-12-04 (the env step lists any other gap): carried as wheels
+# for its Python 3.12, downloaded here with --download-wheels at the versions CI pins.
+CARRIED = ("llguidance",)
+CONSTRAINTS = REPO / "tests" / "ci" / "constraints.txt"
+
+
+def download_command(wheels: Path, python_version: str = "3.12") -> list[str]:
+    """``pip download`` of ``CARRIED`` at the pinned versions, as manylinux x86-64 wheels for
+    the GPU machine's Python (it reaches no package index)."""
+    pins = dict(
+        line.strip().split("==", 1)
+        for line in CONSTRAINTS.read_text().splitlines()
+        if "==" in line and not line.lstrip().startswith("#")
+    )
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    command += ["--python-version", python_version, "--implementation", "cp", "-d", str(wheels)]
+    for glibc in (17, 24, 27, 28, 31, 34, 35, 39):
+        command += ["--platform", f"manylinux_2_{glibc}_x86_64"]
+    return [*command, "--platform", "manylinux2014_x86_64", *(f"{n}=={pins[n]}" for n in CARRIED)]
 
 
 @dataclass
@@ -193,9 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="shorter kernel benchmark")
     p.add_argument("--steps", default=None, help="comma-separated subset of the steps")
     p.add_argument("--env-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--download-wheels",
+        type=Path,
+        metavar="DIR",
+        help="on this machine, before a device call: download the wheels the GPU machine's "
+        "image lacks into DIR (carry it, pass it as --wheels there), then exit",
+    )
     args = p.parse_args(argv)
     if args.env_only:
         return environment(args.wheels)
+    if args.download_wheels:
+        return subprocess.run(download_command(args.download_wheels), check=False).returncode
 
     out_dir = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     if out_dir is None:

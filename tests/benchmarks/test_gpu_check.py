@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check import plan
+from benchmarks.gpu_check import CARRIED, download_command, plan
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = [
@@ -78,3 +78,13 @@ def test_refuses_a_real_run_without_cuda(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 2 and "--dry-run" in result.stderr
+
+
+def test_download_command_fetches_the_pinned_wheels_for_the_gpu_image(tmp_path: Path) -> None:
+    command = download_command(tmp_path / "whl")
+    pins = (REPO / "tests" / "ci" / "constraints.txt").read_text()
+    for name in CARRIED:
+        wanted = next(p for p in command if p.startswith(f"{name}=="))
+        assert f"\n{wanted}\n" in f"\n{pins}\n"  # the version CI tests
+    assert command[command.index("--python-version") + 1] == "3.12"
+    assert "--no-deps" in command and "manylinux_2_31_x86_64" in command  # llguidance's tag
