@@ -136,8 +136,9 @@ def plan(python: str, quick: bool, wheels: Path | None) -> list[Step]:
             "hf-exact-triton",
             [*pytest, "-n", "14", "tests/engine/test_hf_exactness.py"],
             90,
-            # One CPU thread a worker: HF's oracle runs on the CPU, and 14 workers of 16 threads
-            # each on 16 cores took over 90 s for 12 of the 29 tests (37 s for all with this).
+            # One CPU thread a worker: HF's oracle runs on the CPU, and 6 workers of 16 threads
+            # each on 16 cores took over 90 s for 12 of the 29 tests (14 workers of one thread
+            # each: 37 s for all 29).
             {"TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"},
             dry_command=[*pytest, "--collect-only", "tests/engine/test_hf_exactness.py"],
         ),
