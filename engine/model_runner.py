@@ -20,6 +20,7 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.pointwise_check import check_pointwise
 from engine.outputs import SampledToken
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler_output import SchedulerOutput
@@ -65,12 +66,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _use_triton_pointwise(self) -> None:
-        """The layers' elementwise ops as Triton kernels, once they pass ``self_check`` on this
-        device at the model's shapes; otherwise the torch ops, and one warning."""
-        from kernels.pointwise import TritonPointwise, self_check
+        """The layers' elementwise ops as Triton kernels, once they pass ``check_pointwise`` on
+        this device at the model's shapes; otherwise the torch ops, and one warning."""
+        from kernels.pointwise import TritonPointwise
 
         mc = self.model_config
-        problem = self_check(
+        kernels = TritonPointwise()
+        problem = check_pointwise(
+            kernels,
             self.device,
             mc.dtype,
             mc.hidden_size,
@@ -86,7 +89,7 @@ class ModelRunner:
                 problem,
             )
             return
-        self.model.use_pointwise_kernels(TritonPointwise())
+        self.model.use_pointwise_kernels(kernels)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:

@@ -6,7 +6,8 @@ The torch layers (``engine/models/layers.py``) run these as about 30 small kerne
 mul, the residual adds). On a GPU a decode step is bound by launching them, not by running
 them (docs/benchmarks.md, "Where a decode step's time goes on the GPU"). ``TritonPointwise``
 offers the same four methods as the compiled CPU kernels (``torch.ops.pdserve_cpu``), so
-the model takes either through ``LlamaForCausalLM.use_pointwise_kernels``.
+the model takes either through ``LlamaForCausalLM.use_pointwise_kernels``; the engine checks
+them against its torch layers first (``engine/models/pointwise_check.py``).
 
 Each op rounds where HF's torch code rounds (to the activation dtype after the residual add,
 after the normalisation, after each rotary product, after SiLU), computing in fp32 between.
@@ -242,61 +243,3 @@ class TritonPointwise:
     rotary_ = staticmethod(rotary_)
     silu_mul = staticmethod(silu_mul)
 
-
-def self_check(
-    device: torch.device,
-    dtype: torch.dtype,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    inter: int,
-) -> str | None:
-    """Run each op once at the model's shapes against the torch arithmetic it replaces: None
-    when all agree, else why not (a kernel that fails to compile on this GPU, or disagrees).
-    The engine calls it once at start-up and keeps the torch ops on a failure, with one log
-    line, as it keeps the torch path when the CPU kernels cannot build. It also compiles
-    each kernel for the model's shapes before the first step."""
-    tol = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}.get(dtype, 3e-2)
-    try:
-        gen = torch.Generator(device="cpu").manual_seed(0)
-
-        def rand(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-        def close(name: str, got: torch.Tensor, expected: torch.Tensor) -> str | None:
-            if torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol):
-                return None
-            diff = (got.float() - expected.float()).abs().max().item()
-            return f"{name} differs from torch by up to {diff:.3g}"
-
-        x, residual, weight = rand(3, hidden), rand(3, hidden), rand(hidden)
-        xf = (residual + x).float()
-        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
-        stream = residual + x
-        problems = [close("add_rms_norm", add_rms_norm(residual, x, weight, 1e-5), weight * normed)]
-        problems.append(close("add_rms_norm's residual", residual, stream))
-        problems.append(close("rms_norm", rms_norm(stream, weight, 1e-5), weight * normed))
-        gate_up = rand(3, 2 * inter)
-        gate, up = gate_up.split(inter, dim=-1)
-        problems.append(close("silu_mul", silu_mul(gate_up), torch.nn.functional.silu(gate) * up))
-        q, k = rand(3, heads, head_dim), rand(3, kv_heads, head_dim)
-        cos_table = torch.rand(8, head_dim, generator=gen).to(device)
-        sin_table = torch.rand(8, head_dim, generator=gen).to(device)
-        positions = torch.tensor([0, 5, 7], device=device)
-        c = cos_table[positions].to(dtype)[:, None, :]
-        s = sin_table[positions].to(dtype)[:, None, :]
-
-        def rotated(t: torch.Tensor) -> torch.Tensor:
-            half = head_dim // 2
-            return t * c + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * s
-
-        expected_q, expected_k = rotated(q), rotated(k)
-        rotary_(q, k, cos_table, sin_table, positions)
-        problems += [close("rotary q", q, expected_q), close("rotary k", k, expected_k)]
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as e:  # a kernel that does not compile or launch here
-        return f"{type(e).__name__}: {e}"
-    found = [p for p in problems if p is not None]
-    return "; ".join(found) if found else None

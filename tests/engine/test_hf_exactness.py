@@ -42,6 +42,16 @@ def submit(engine: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> N
         engine.add_request(f"r{i}", prompt_token_ids=prompt, sampling_params=greedy(n))
 
 
+def assert_greedy_matches_hf(
+    engine: LLMEngine, folder: Path, prompts: list[list[int]], lengths: list[int]
+) -> None:
+    """Run the prompts to completion: every request's tokens are HF's, every block is free."""
+    submit(engine, prompts, lengths)
+    outs = run_to_completion(engine)
+    check_against_hf(folder, prompts, lengths, outs)
+    assert_pool_free(engine)
+
+
 def test_single_request(tiny_model: Path) -> None:
     engine = make_engine(tiny_model)
     vocab = engine.model_config.vocab_size
@@ -151,10 +161,7 @@ def test_mistral_sliding_window(model_factory) -> None:  # type: ignore[no-untyp
     engine = make_engine(folder, max_num_batched_tokens=16)
     prompts = random_prompts(4, engine.model_config.vocab_size, 10, 40, seed=9)
     lengths = [30, 12, 25, 8]  # contexts beyond the 24-token window
-    submit(engine, prompts, lengths)
-    outs = run_to_completion(engine)
-    check_against_hf(folder, prompts, lengths, outs)
-    assert_pool_free(engine)
+    assert_greedy_matches_hf(engine, folder, prompts, lengths)
 
 
 def test_llama3_rope_scaling(model_factory) -> None:  # type: ignore[no-untyped-def]
@@ -186,10 +193,7 @@ def test_triton_backend_matches_hf(model_factory, arch: str) -> None:  # type: i
     engine = make_engine(folder, attention_backend="triton", max_num_batched_tokens=16)
     prompts = random_prompts(3, engine.model_config.vocab_size, 10, 30, seed=12)
     lengths = [6, 10, 4]
-    submit(engine, prompts, lengths)
-    outs = run_to_completion(engine)
-    check_against_hf(folder, prompts, lengths, outs)
-    assert_pool_free(engine)
+    assert_greedy_matches_hf(engine, folder, prompts, lengths)
 
 
 def test_static_batching_matches_hf(tiny_model: Path) -> None:

@@ -19,7 +19,7 @@ from engine.llm_engine import LLMEngine
 from engine.models.layers import PackedLinear
 from tests.conftest import TINY_ARCHS
 from tests.engine.engine_utils import assert_pool_free, greedy, random_prompts, run_to_completion
-from tests.engine.test_hf_exactness import check_against_hf, submit
+from tests.engine.test_hf_exactness import assert_greedy_matches_hf, check_against_hf, submit
 from tests.engine.test_hf_exactness import make_engine as make_any_engine
 from tests.kernels.cpu_ops import cpu_ops
 
@@ -62,10 +62,7 @@ def test_torch_path_matches_hf(model_factory, monkeypatch, arch: str) -> None:  
     assert engine.backend.name == "torch" and engine.runner.model.kernels is None
     prompts = random_prompts(4, engine.model_config.vocab_size, 10, 40, seed=21)
     lengths = [30, 12, 25, 8]
-    submit(engine, prompts, lengths)
-    outs = run_to_completion(engine)
-    check_against_hf(folder, prompts, lengths, outs)
-    assert_pool_free(engine)
+    assert_greedy_matches_hf(engine, folder, prompts, lengths)
 
 
 def test_cpu_backend_needs_the_kernels(monkeypatch) -> None:  # type: ignore[no-untyped-def]

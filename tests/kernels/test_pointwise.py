@@ -8,17 +8,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels.cpu
+from engine import model_runner
+from engine.model_runner import GPU_POINTWISE_ENV
 from engine.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
-from kernels import pointwise
+from engine.models.pointwise_check import check_pointwise
 from kernels._common import interpreter_active
 from kernels.pointwise import (
     TritonPointwise,
     add_rms_norm,
     rms_norm,
     rotary_,
-    self_check,
     silu_mul,
 )
+from tests.conftest import TINY_ARCHS
+from tests.engine.engine_utils import random_prompts
+from tests.engine.test_hf_exactness import assert_greedy_matches_hf, make_engine
 
 # Half-precision results may differ from torch's by one rounding (sums in another order). The
 # triton 3.9 interpreter converts float32 to bfloat16 by truncation, not rounding, so on CPU a
@@ -118,70 +123,60 @@ def test_engine_on_the_pointwise_kernels_matches_hf(
     model_factory, device, monkeypatch, arch: str
 ) -> None:
     """The GPU path's layers (torch linears, Triton attention and Triton pointwise ops, wired
-    as the model runner does on CUDA) give HF's greedy tokens; here under the interpreter."""
-    if device.type != "cpu":
-        pytest.skip("on a GPU the engine takes this path by itself (tests/engine)")
-    import kernels.cpu
-
-    monkeypatch.setattr(kernels.cpu, "load", lambda: None)  # the GPU path's torch linears
-    from tests.conftest import TINY_ARCHS
-    from tests.engine.engine_utils import assert_pool_free, random_prompts, run_to_completion
-    from tests.engine.test_hf_exactness import check_against_hf, make_engine, submit
-
+    as the model runner does on CUDA) give HF's greedy tokens; on CPU under the interpreter."""
+    monkeypatch.setattr(kernels.cpu, "load", lambda: None)  # on CPU: the GPU path's torch linears
     folder: Path = model_factory(arch, **TINY_ARCHS[arch])
     engine = make_engine(
-        folder, device="cpu", attention_backend="triton", max_num_batched_tokens=16
+        folder, device=str(device), attention_backend="triton", max_num_batched_tokens=16
     )
     model = engine.runner.model
     model.use_pointwise_kernels(TritonPointwise())
     assert model.kernels is not None and not model.fused_layers
     assert model.layers[0].mlp.kernels is not None  # type: ignore[union-attr]
     prompts = random_prompts(3, engine.model_config.vocab_size, 10, 30, seed=12)
-    lengths = [6, 10, 4]
-    submit(engine, prompts, lengths)
-    outs = run_to_completion(engine)
-    check_against_hf(folder, prompts, lengths, outs)
-    assert_pool_free(engine)
+    assert_greedy_matches_hf(engine, folder, prompts, [6, 10, 4])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_self_check_passes_at_model_shapes(device, dtype):
-    assert self_check(device, dtype, 576, 9, 3, 64, 1536) is None
-    assert self_check(device, dtype, 100, 4, 4, 32, 70) is None  # dims not powers of two
-
-
-def test_self_check_names_what_disagrees_or_fails(device, monkeypatch):
-    def wrong_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+class _WrongSiluMul(TritonPointwise):
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.split(gate_up.shape[1] // 2, dim=-1)
         return gate * up  # no SiLU
 
-    monkeypatch.setattr(pointwise, "silu_mul", wrong_silu_mul)
-    problem = self_check(device, torch.float32, 64, 2, 1, 32, 48)
-    assert problem is not None and problem.startswith("silu_mul differs from torch")
 
-    def broken_rotary(*args: object) -> None:
+class _BrokenRotary(TritonPointwise):
+    @staticmethod
+    def rotary_(*args: object) -> None:
         raise RuntimeError("no kernel image for this GPU")
 
-    monkeypatch.setattr(pointwise, "rotary_", broken_rotary)
-    problem = self_check(device, torch.float32, 64, 2, 1, 32, 48)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_check_passes_at_model_shapes(device, dtype):
+    ops = TritonPointwise()
+    assert check_pointwise(ops, device, dtype, 576, 9, 3, 64, 1536) is None
+    assert check_pointwise(ops, device, dtype, 100, 4, 4, 32, 70) is None  # not powers of 2
+
+
+def test_check_names_what_disagrees_or_fails(device):
+    problem = check_pointwise(_WrongSiluMul(), device, torch.float32, 64, 2, 1, 32, 48)
+    assert problem is not None and problem.startswith("silu_mul differs from torch")
+    problem = check_pointwise(_BrokenRotary(), device, torch.float32, 64, 2, 1, 32, 48)
     assert problem == "RuntimeError: no kernel image for this GPU"
 
 
-def test_runner_keeps_torch_ops_when_the_check_fails(model_factory, monkeypatch, caplog):
-    """What the model runner does on CUDA at start-up, called here on a CPU engine."""
-    import kernels.cpu
-    from tests.conftest import TINY_ARCHS
-    from tests.engine.test_hf_exactness import make_engine
-
+def test_runner_keeps_torch_ops_when_the_check_fails(model_factory, device, monkeypatch, caplog):
+    """What the model runner does on CUDA at start-up, called here on an engine that started
+    on the torch ops (on CPU, or on a GPU with PDSERVE_GPU_POINTWISE=0)."""
     monkeypatch.setattr(kernels.cpu, "load", lambda: None)
+    monkeypatch.setenv(GPU_POINTWISE_ENV, "0")
     folder = model_factory("llama", **TINY_ARCHS["llama"])
-    engine = make_engine(folder, device="cpu", attention_backend="triton")
+    engine = make_engine(folder, device=str(device), attention_backend="triton")
     runner, model = engine.runner, engine.runner.model
-    monkeypatch.setattr(pointwise, "self_check", lambda *args: "silu_mul differs from torch")
-    with caplog.at_level("WARNING"):
-        runner._use_triton_pointwise()
+    assert model.kernels is None
+    with monkeypatch.context() as patch:
+        patch.setattr(model_runner, "check_pointwise", lambda *a: "silu_mul differs from torch")
+        with caplog.at_level("WARNING"):
+            runner._use_triton_pointwise()
     assert model.kernels is None and "torch ops kept" in caplog.text
-    monkeypatch.undo()
-    monkeypatch.setattr(kernels.cpu, "load", lambda: None)
     runner._use_triton_pointwise()
     assert isinstance(model.kernels, TritonPointwise)
