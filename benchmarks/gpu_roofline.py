@@ -4,10 +4,10 @@ bandwidth: the GPU counterpart of ``roofline.py``, for the physical floor of
 
     python benchmarks/gpu_roofline.py [--shape llama-1b] [--dtype bfloat16] [--m 512 2048]
 
-GEMM: ``x[M, K] @ W[N, K].T`` over one decoder layer's projections, each call timed with CUDA
-events (median of the timed calls after a warm-up, inputs random: zeros run faster than real
-data); the best layer rate over ``--m`` is the roofline. Read bandwidth: the median of timed
-sums over a 4 GiB tensor (far past the 50-60 MB L2), counting the bytes read once. Both are
+GEMM: ``x[M, K] @ W[N, K].T`` over one decoder layer's projections, each call's median time
+from ``triton.testing.do_bench`` (inputs random: zeros run faster than real data); the best
+layer rate over ``--m`` is the roofline. Read bandwidth: the median time of sums over a 4 GiB
+tensor (far past the 50-60 MB L2), counting the bytes read once. Both are
 what this card does now, with no one else on it: datasheet figures are only leads.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,19 +28,12 @@ from benchmarks.workloads import SHAPES, model_shape
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _median_ms(fn: Any, calls: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of ``calls`` runs of ``fn`` on the current stream, by CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _median_ms(fn: Any) -> float:
+    """Median milliseconds of ``fn`` by ``triton.testing.do_bench`` (CUDA events, L2 flushed
+    between calls), as ``benchmarks/kernels.py`` times the kernels."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
 def measure_gemm(shape_name: str, dtype: torch.dtype, row_counts: list[int]) -> dict[str, Any]:
@@ -71,7 +63,7 @@ def measure_gemm(shape_name: str, dtype: torch.dtype, row_counts: list[int]) -> 
 def measure_read_bandwidth(gib: int = 4) -> float:
     """GB/s (1e9 B/s): the median of timed sums over ``gib`` GiB of fp32, bytes read once."""
     buf = torch.rand(gib * (1 << 30) // 4, dtype=torch.float32, device="cuda")
-    ms = _median_ms(buf.sum, calls=10)
+    ms = _median_ms(buf.sum)
     return buf.numel() * 4 / (ms / 1e3) / 1e9
 
 
