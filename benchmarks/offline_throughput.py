@@ -249,11 +249,11 @@ def measure_roofline(args: argparse.Namespace, tmp: Path, tag: str) -> dict[str,
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
-    cmd = [sys.executable, str(ROOFLINE), "--out", str(out)]
-    if args.gpu_roofline:
-        cmd = [sys.executable, str(GPU_ROOFLINE), "--out", str(out), "--shape", args.shape]
-        cmd += ["--dtype", args.pdserve_dtype]
-    run_subprocess(cmd, env, 600)
+    if args.gpu_roofline:  # the card's rates, in the dtype pdserve runs
+        probe = [str(GPU_ROOFLINE), "--shape", args.shape, "--dtype", args.pdserve_dtype]
+    else:
+        probe = [str(ROOFLINE)]
+    run_subprocess([sys.executable, *probe, "--out", str(out)], env, 600)
     result: dict[str, Any] = json.loads(out.read_text())
     result["loadavg"] = _loadavg()
     return result
