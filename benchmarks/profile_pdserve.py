@@ -128,7 +128,8 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
 def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float]) -> None:
     """Per group of steps, where the time goes; for decode steps also attention against the
     time to read its KV once and the GEMMs against streaming their weights once, both at the
-    read bandwidth ``floors['read_gbps']`` measured in the same run."""
+    read bandwidth ``floors['read_gbps']`` measured in the same run, and the GEMMs' rate against
+    the FMA peak ``floors['fma_gflops']`` (0: not measured)."""
     groups = {
         "prefill+decode steps": [s for s in steps if s["num_tokens"] > s["num_seqs"]],
         "decode-only steps": [s for s in steps if 0 < s["num_tokens"] == s["num_seqs"]],
@@ -181,6 +182,18 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
                 f"({floors['layer_weight_bytes'] / 1e6:.0f} MB) {gemm_ms:.1f} ms = "
                 f"{mm_ms / gemm_ms:.2f}x"
             )
+            peak = floors.get("fma_gflops")
+            if peak:
+                rows = sums["num_tokens"] / n
+                gflop = 2.0 * floors["layer_params"] * rows / 1e9
+                at_peak_ms = gflop / peak * 1e3
+                print(
+                    f"  decoder GEMMs: {gflop:.2f} GFLOP a step at {rows:.1f} rows, "
+                    f"{gflop / mm_ms * 1e3:.1f} GFLOP/s = {gflop / mm_ms * 1e3 / peak:.0%} of "
+                    f"the FMA peak ({peak:.1f} GFLOP/s, benchmarks/fma_peak.py); at that peak "
+                    f"{at_peak_ms:.1f} ms = {at_peak_ms / gemm_ms:.2f}x streaming their weights "
+                    "(the least any fp32 kernel reaches)"
+                )
 
 
 def op_profile(llm: Any, run: Callable[[], int], num_steps: int, skip: int, top: int) -> None:
@@ -269,12 +282,15 @@ def main() -> None:
         f"matmul work (torch threads {torch.get_num_threads()}, timers on)"
     )
     from benchmarks.floor import BYTES_PER_PARAM, kv_bytes_per_position
+    from benchmarks.fma_peak import measure_fma_peak
     from benchmarks.roofline import measure_read_bandwidth
 
     floors = {
         "read_gbps": measure_read_bandwidth(),
         "kv_bytes_per_position": kv_bytes_per_position(shape),
         "layer_weight_bytes": BYTES_PER_PARAM * shape.params_in_linear_layers,
+        "layer_params": shape.params_in_linear_layers,
+        "fma_gflops": measure_fma_peak(torch.get_num_threads()) or 0.0,
     }
     report(steps, wall_s, floors)
     if args.op_profile_steps:

@@ -9,6 +9,10 @@ call of each and from the median call), and the lm_head alone. The best fastest-
 is the roofline the benchmark compares engines against: what two cores do with no one else on
 them (other jobs share this machine, so the median call is often slower).
 
+The fp32 FMA peak (``benchmarks/fma_peak.py``: vector FMAs on registers alone) is printed beside
+them: the arithmetic units' own limit, which no kernel passes and pdserve's packed GEMM comes
+closer to than ``F.linear``.
+
 The read bandwidth (GB/s of the fastest of 5 multi-threaded sums over 512 MB, far past the
 caches) is the memory floor: decode steps cannot stream weights or KV faster. ``--streamed``
 times all 30 layers' GEMMs with weights from DRAM at decode-like M, with ``F.linear`` and (when
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.fma_peak import measure_fma_peak
 from benchmarks.workloads import model_shape
 
 
@@ -173,6 +178,9 @@ def main() -> None:
     result = measure_gemm(args.m, args.min_s)
     result["read_gbps"] = measure_read_bandwidth()
     print(f"read bandwidth: {result['read_gbps']:.1f} GB/s (fastest of 5 sums over 512 MB)")
+    result["fma_gflops"] = measure_fma_peak(torch.get_num_threads())
+    if result["fma_gflops"] is not None:
+        print(f"fp32 FMA peak (registers only): {result['fma_gflops']:.1f} GFLOP/s")
     if args.streamed:
         streamed = measure_streamed(args.streamed)
         result["streamed"] = streamed

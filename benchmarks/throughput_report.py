@@ -105,6 +105,7 @@ def print_report(
         print(
             f"fp32 GEMM at layer shapes ({g['tag']} of run, {g['num_threads']} threads), "
             f"GFLOP/s fastest call (median call): {rates}"
+            + (f"; FMA peak {g['fma_gflops']:.0f}" if g.get("fma_gflops") else "")
         )
     if gemm_gflops is not None:
         print(
