@@ -18,6 +18,7 @@ tested.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.offline_throughput import default_model_dir
-from benchmarks.workloads import SHAPES, ensure_model_folder, make_workload, model_shape
+from benchmarks.workloads import SHAPES, ensure_model_folder, make_workload
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_runner import GPU_POINTWISE_ENV
@@ -67,10 +68,10 @@ class Profiled:
 def profile_decode(folder: Path, args: argparse.Namespace, label: str) -> Profiled:
     """One engine (made now, so it reads the environment now): the workload's prompts, then
     ``args.steps`` decode steps timed and as many profiled."""
-    shape = model_shape(args.shape)
+    vocab_size = int(json.loads((folder / "config.json").read_text())["vocab_size"])
     # Outputs long enough that every request is still decoding through both measured windows.
     out_len = 3 * args.steps + 64
-    requests = make_workload(args.num_requests, (32, 512), (out_len, out_len), shape.vocab_size, 0)
+    requests = make_workload(args.num_requests, (32, 512), (out_len, out_len), vocab_size, 0)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype=args.dtype))
     device = engine.device
     for i, r in enumerate(requests):
@@ -123,10 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--steps", type=int, default=20, help="timed steps, then as many profiled")
-    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="a model folder to run as it is (default: the benchmark's random model of --shape, "
+        "made once)",
+    )
     args = p.parse_args(argv)
 
-    folder = ensure_model_folder(args.model_dir or default_model_dir(args.shape), shape=args.shape)
+    if args.model_dir is not None:
+        folder = args.model_dir
+        name = folder.name
+    else:
+        folder = ensure_model_folder(default_model_dir(args.shape), shape=args.shape)
+        name = args.shape
     runs = []
     if torch.cuda.is_available():  # the GPU's elementwise ops both ways, torch's first
         for label, value in (("torch elementwise ops", "0"), ("Triton elementwise ops", "1")):
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs.append(profile_decode(folder, args, "default path"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"{args.shape} {args.dtype} on {device}: {args.num_requests} requests decoding")
+    print(f"{name} {args.dtype} on {device}: {args.num_requests} requests decoding")
     for r in runs:
         print(f"\n## {r.label} (elementwise: {r.elementwise})\n{r.table}")
     print(f"\n{'run':<24} {'step ms (median; min-max)':>28} {'kernels':>8} {'kernel ms':>10} busy")
