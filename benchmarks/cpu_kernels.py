@@ -15,7 +15,9 @@ printed beside it to show the load):
 - **gemm**: all 30 decoder layers' GEMMs (qkv, o, gate_up, down; own weights per layer, 425 MB,
   so nothing stays cached) plus the lm_head, at decode row counts: ``F.linear``, MKL packed
   (``torch.ops.mkl._mkl_linear``), oneDNN packed (``torch.ops.mkldnn._linear_pointwise``), the
-  pdserve packed GEMM, against the weights' bytes at the measured read bandwidth;
+  pdserve packed GEMM (and with ``--inductor``, ``torch.compile`` with inductor's weight freezing
+  over all of them in one graph, compile time printed), against the weights' bytes at the
+  measured read bandwidth;
 - **elementwise**: one step's add+RMSNorm, rotary and SiLU·mul over 30 layers, torch ops vs the
   kernels.
 """
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.workloads import model_shape
@@ -189,8 +192,56 @@ def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[st
                     "lm_head": time_passes(head_pass, args.passes * 2),
                 }
                 del fns, head
+            if args.inductor:
+                by_impl["inductor frozen"] = _inductor_frozen(weights, lm_head, fused, m, args)
             result[str(m)] = by_impl
     return result
+
+
+class _GemmStack(nn.Module):
+    """Every decoder layer's GEMMs as one module (inputs taken in turn from ``xs``), so that
+    inductor compiles them as one graph and, with freezing, prepacks every weight."""
+
+    def __init__(self, weights: list[list[torch.Tensor]]) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList(_linear_of(w) for layer in weights for w in layer)
+
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [lin(xs[i % len(xs)]) for i, lin in enumerate(self.lins)]
+
+
+def _linear_of(w: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight = nn.Parameter(w, requires_grad=False)
+    return lin
+
+
+def _inductor_frozen(
+    weights: list[list[torch.Tensor]],
+    lm_head: torch.Tensor,
+    fused: list[tuple[int, int]],
+    m: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """``torch.compile`` (inductor's CPU backend, ``freezing=True``: weights folded in and
+    prepacked) over the layers' GEMMs and over the lm_head, at ``m`` rows (static shapes)."""
+    import torch._inductor.config as inductor_config
+
+    stack, head = _GemmStack(weights).eval(), _linear_of(lm_head).eval()
+    xs = [torch.randn(m, k) for k, _ in fused]
+    x_head = torch.randn(m, lm_head.shape[1])
+    with inductor_config.patch(freezing=True):
+        t0 = time.perf_counter()
+        compiled_stack = torch.compile(stack, dynamic=False)
+        compiled_head = torch.compile(head, dynamic=False)
+        compiled_stack(xs)
+        compiled_head(x_head)
+        compile_s = time.perf_counter() - t0
+        return {
+            "layers": time_passes(lambda: compiled_stack(xs), args.passes),
+            "lm_head": time_passes(lambda: compiled_head(x_head), args.passes * 2),
+            "compile_s": compile_s,
+        }
 
 
 def _mkl_packed(w: torch.Tensor, m: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -278,6 +329,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 18, 32])
     p.add_argument("--passes", type=int, default=7)
     p.add_argument("--no-kernels", action="store_true", help="baselines only")
+    p.add_argument(
+        "--inductor",
+        action="store_true",
+        help="gemm: also torch.compile with inductor's freezing (compiles per row count)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -326,9 +382,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"  M={m:<4} {name:<16} failed: {t['error']}")
                     continue
                 ratio = t["layers"]["best_s"] / g["floor_layers_s"]
+                compiled = f"  (compiled in {t['compile_s']:.1f} s)" if "compile_s" in t else ""
                 print(
                     f"  M={m:<4} {name:<16} layers {ms(t['layers']):>16} ms ({ratio:.2f}x floor)"
-                    f"  lm_head {ms(t['lm_head']):>14} ms"
+                    f"  lm_head {ms(t['lm_head']):>14} ms{compiled}"
                 )
     if "elementwise" in args.sections:
         e = elementwise_section(args, kernels)
