@@ -1,4 +1,4 @@
-"""Decoder layers as one compiled call each against the per-kernel Python layer, A/B in one run.
+"""The decoder layers in one compiled call a step against the per-kernel Python layer, A/B.
 
     python benchmarks/fused_layers.py [--num-requests 32] [--rounds 3]
 

@@ -15,8 +15,9 @@ engine's objects at run time (no engine code changes; about a microsecond per wr
 
 ``PDSERVE_CPU_KERNELS=0`` in the environment profiles the torch path instead. The decoder
 layers run the per-kernel Python layer here (``PDSERVE_FUSED_LAYERS=0`` unless the environment
-says otherwise): the product's one-call layer runs the same kernels in the same order, and its
-timers could not see inside it; ``benchmarks/fused_layers.py`` measures what it saves.
+says otherwise), whose Python-side timers see each kernel. ``--fused`` profiles the product's
+one-call layer instead: the kernels' own phase timers (``PDSERVE_CPU_PHASE_TIMERS=1``,
+kernels/cpu/phase_timers.h) say what its GEMMs, KV store, attention and pointwise ops took.
 
 Steps are split into those that carry prefill tokens and pure decode steps. With
 ``--op-profile-steps N`` a second pass runs ``torch.profiler`` over N steps in the middle of the
@@ -72,8 +73,14 @@ class Timers:
         module.register_forward_hook(post)
 
 
-def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
-    """Put timers on the engine's pieces; return the list that per-step records go into."""
+PHASE_GROUPS = {"gemm": ("qkv", "o", "gate_up", "down"), "attention": ("store_kv", "attention")}
+
+
+def instrument(llm: Any, timers: Timers, phases: Any = None) -> list[dict[str, float]]:
+    """Put timers on the engine's pieces; return the list that per-step records go into.
+    ``phases``: the compiled kernels' ``phase_times`` when the decoder layers run fused (each
+    step then reads the time its layers spent per phase, and charges their GEMMs and attention
+    as the per-kernel layer's timers would)."""
     import torch.nn as nn
 
     from engine.models.layers import PackedLinear
@@ -117,6 +124,12 @@ def instrument(llm: Any, timers: Timers) -> list[dict[str, float]]:
         )
         record = {k: timers.total[k] - before.get(k, 0.0) for k in timers.total}
         record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens, keys=keys)
+        if phases is not None:
+            names, seconds = phases(True)
+            by_name = dict(zip(names, seconds, strict=True))
+            for label, members in PHASE_GROUPS.items():
+                record[label] = record.get(label, 0.0) + sum(by_name[m] for m in members)
+            record.update({f"phase:{n}": v for n, v in by_name.items()})
         steps.append(record)
         return result
 
@@ -182,6 +195,10 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
                 f"({floors['layer_weight_bytes'] / 1e6:.0f} MB) {gemm_ms:.1f} ms = "
                 f"{mm_ms / gemm_ms:.2f}x"
             )
+            inside = {k[len("phase:") :]: v for k, v in sums.items() if k.startswith("phase:")}
+            if inside:
+                cells = ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in inside.items())
+                print(f"  inside the fused decoder layers, ms/step: {cells}")
             peak = floors.get("fma_gflops")
             if peak:
                 rows = sums["num_tokens"] / n
@@ -236,6 +253,12 @@ def main() -> None:
     parser.add_argument("--op-profile-steps", type=int, default=0, help="0: skip torch.profiler")
     parser.add_argument("--op-profile-skip", type=int, default=100, help="steps before it starts")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="profile the product's one-call decoder layers (timed inside by the kernels' "
+        "phase timers, PDSERVE_CPU_PHASE_TIMERS=1) instead of the per-kernel Python layer",
+    )
     args = parser.parse_args()
 
     import os
@@ -244,7 +267,11 @@ def main() -> None:
 
     from pdserve import LLM, SamplingParams
 
-    os.environ.setdefault("PDSERVE_FUSED_LAYERS", "0")  # the timers see each kernel
+    if args.fused:
+        os.environ["PDSERVE_FUSED_LAYERS"] = "1"
+        os.environ["PDSERVE_CPU_PHASE_TIMERS"] = "1"  # read by the kernels at their first layer
+    else:
+        os.environ.setdefault("PDSERVE_FUSED_LAYERS", "0")  # the timers see each kernel
     shape = model_shape()
     model_dir = ensure_model_folder(args.model_dir)
     requests = make_workload(args.num_requests, (32, 512), (16, 256), shape.vocab_size, args.seed)
@@ -259,8 +286,14 @@ def main() -> None:
         if v is not None
     }
     llm = LLM(model=str(model_dir), dtype="float32", **options)
-    kernels_on = llm.engine.runner.model.kernels is not None
-    print(f"attention backend {llm.engine.backend.name}, CPU kernels {kernels_on}")
+    model = llm.engine.runner.model
+    kernels_on = model.kernels is not None
+    print(
+        f"attention backend {llm.engine.backend.name}, CPU kernels {kernels_on}, decoder layers "
+        f"{'fused (one compiled call each)' if model.fused_layers else 'per kernel (Python)'}"
+    )
+    if args.fused and not model.fused_layers:
+        raise SystemExit("--fused: this model's layers do not run fused here")
 
     def run_requests(reqs: list[Any]) -> int:
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
@@ -271,7 +304,7 @@ def main() -> None:
 
     run_requests(warmup)
     timers = Timers()
-    steps = instrument(llm, timers)
+    steps = instrument(llm, timers, model.kernels.phase_times if args.fused else None)
     t0 = time.perf_counter()
     num_output = run_requests(requests)
     wall_s = time.perf_counter() - t0

@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
+from engine.models.fused_layers import FusedLayers
 from engine.models.layers import PackedLinear, RMSNorm, RotaryEmbedding, StepRotary
 
 # PDSERVE_FUSED_LAYERS=0 keeps the per-kernel Python layer on the CPU kernels (to profile the
@@ -112,57 +113,12 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h), residual
 
     def can_fuse(self) -> bool:
-        """True when ``forward_fused`` does this layer's work: every linear packed (float32
-        on the CPU kernels) and no per-head q/k norm."""
+        """True when the compiled ``decoder_layers`` can do this layer's work
+        (``engine.models.fused_layers``): every linear packed (float32 on the CPU kernels) and
+        no per-head q/k norm."""
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         return attn.q_norm is None and all(isinstance(m, PackedLinear) for m in linears)
-
-    def forward_fused(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        rotary: StepRotary,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        covered: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` as one call of the compiled ``decoder_layer`` (the cpu attention
-        backend's store + paged attention inside it): the same kernels in the same order, so
-        the same bits, without the Python between them. ``covered``: rows the step's requests
-        own (the rest is padding)."""
-        attn, mlp = self.self_attn, self.mlp
-        out, residual = rotary.kernels.decoder_layer(
-            x,
-            residual,
-            self.input_layernorm.weight,
-            self.post_attention_layernorm.weight,
-            self.input_layernorm.eps,
-            attn.qkv_proj.packed,
-            attn.qkv_proj.bias,
-            attn.o_proj.packed,
-            attn.o_proj.bias,
-            mlp.gate_up_proj.packed,
-            mlp.down_proj.packed,
-            attn.num_heads,
-            attn.num_kv_heads,
-            attn.head_dim,
-            mlp.intermediate_size,
-            rotary.cos,
-            rotary.sin,
-            rotary.positions,
-            k_cache,
-            v_cache,
-            meta.slot_mapping,
-            meta.block_tables,
-            meta.query_start_loc,
-            meta.seq_lens,
-            covered,
-            attn.scale,
-            meta.sliding_window or 0,
-        )
-        return out, residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -181,9 +137,10 @@ class LlamaForCausalLM(nn.Module):
             cfg.inv_freq, cfg.max_position_embeddings, cfg.rope_attention_scaling
         )
         self.kernels: Any = None
-        # Each decoder layer as one compiled call (LlamaDecoderLayer.forward_fused) when the
-        # step runs on the cpu attention backend; set by use_cpu_kernels.
+        # Every decoder layer in one compiled call (engine.models.fused_layers) when the step
+        # runs on the cpu attention backend; set by use_cpu_kernels.
         self.fused_layers = False
+        self._fused: FusedLayers | None = None
 
     def use_pointwise_kernels(self, kernels: Any) -> None:
         """Run norms (with their residual adds), rotary and SiLU·mul on ``kernels``: the
@@ -207,9 +164,9 @@ class LlamaForCausalLM(nn.Module):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, PackedLinear(child, kernels))
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
-        self.fused_layers = os.environ.get(FUSED_LAYERS_ENV, "1") != "0" and all(
-            layer.can_fuse() for layer in layers
-        )
+        if all(layer.can_fuse() for layer in layers):
+            self._fused = FusedLayers.of(layers)
+        self.fused_layers = os.environ.get(FUSED_LAYERS_ENV, "1") != "0" and self._fused is not None
 
     def forward(
         self,
@@ -223,16 +180,13 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         rotary = self.rotary.for_step(positions, x.dtype, self.kernels)
         residual: torch.Tensor | None = None
+        if self.fused_layers and self._fused is not None and backend.name == "cpu":
+            covered: int = backend.covered  # type: ignore[attr-defined]
+            x, residual = self._fused(self.kernels, x, rotary, kv_caches, metas, covered)
+            return self.norm.add_forward(x, residual)[0]
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
-        fused = self.fused_layers and backend.name == "cpu"
-        covered: int = backend.covered if fused else 0  # type: ignore[attr-defined]
         for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
-            if fused:
-                x, residual = layer.forward_fused(
-                    x, residual, rotary, k_cache, v_cache, meta, covered
-                )
-            else:
-                x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
+            x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
         if residual is None:
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]
