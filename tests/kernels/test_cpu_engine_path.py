@@ -7,6 +7,7 @@ the same oracle, and the default path is checked to really be the kernels.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,8 @@ def test_cpu_backend_needs_the_kernels(monkeypatch) -> None:  # type: ignore[no-
     "arch,fused", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", False)]
 )
 def test_float32_runs_each_layer_as_one_call(model_factory: Any, arch: str, fused: bool) -> None:
-    """fp32 on the kernels: every layer through ``decoder_layer`` (qkv bias and sliding
-    windows included); Qwen3's per-head q/k norm keeps the per-kernel layer."""
+    """fp32 on the kernels: every layer in the one ``decoder_layers`` call (qkv bias and
+    sliding windows included); Qwen3's per-head q/k norm keeps the per-kernel layer."""
     cpu_ops()
     engine = make_engine(model_factory(arch, **TINY_ARCHS[arch]))
     assert engine.runner.model.fused_layers is fused
@@ -88,7 +89,7 @@ def test_float32_runs_each_layer_as_one_call(model_factory: Any, arch: str, fuse
 def test_fused_layers_match_bit_for_bit(
     model_factory: Any, monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
-    """The one-call layer runs the same kernels in the same order: every step's hidden states
+    """The fused layers run the same kernels in the same order: every step's hidden states
     are bit-identical to the per-kernel Python layer's, through chunked prefill (mixed
     prefill + decode steps), prefix-cache hits and a sliding window; and the tokens are HF's."""
     cpu_ops()
@@ -125,3 +126,28 @@ def test_fused_layers_match_bit_for_bit(
         k: list(v.token_ids) for k, v in plain_outs.items()
     }
     check_against_hf(folder, prompts, lengths, fused_outs)
+
+
+def test_fused_layers_refuse_lists_of_different_lengths(model_factory: Any) -> None:
+    """``decoder_layers`` takes one entry per layer in every list; a short one is an error
+    naming the problem, not a read past its end."""
+    ops = cpu_ops()
+    engine = make_engine(model_factory("llama", **TINY_ARCHS["llama"]))
+    model = engine.runner.model
+    stack = model._fused
+    assert stack is not None and len(stack.qkv) >= 2
+    short = dataclasses.replace(stack, down=stack.down[:-1])
+    x = torch.randn(1, model.config.hidden_size)
+    rotary = model.rotary.for_step(torch.zeros(1, dtype=torch.long), x.dtype, model.kernels)
+    caches = engine.kv_cache.layer_caches
+    i32 = torch.int32
+    with pytest.raises(RuntimeError, match="every list needs one entry per layer"):
+        ops.decoder_layers(
+            x, short.input_norms, short.post_norms, short.eps, short.qkv, short.qkv_bias,
+            short.o, short.o_bias, short.gate_up, short.down, short.num_heads,
+            short.num_kv_heads, short.head_dim, short.intermediate, rotary.cos, rotary.sin,
+            rotary.positions, [k for k, _ in caches], [v for _, v in caches],
+            torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=i32),
+            torch.tensor([0, 1], dtype=i32), torch.tensor([1], dtype=i32), 1, short.scale,
+            [0] * len(caches),
+        )  # fmt: skip
