@@ -28,10 +28,19 @@ def run_child(tree: Path, code: str, env: dict[str, str] | None = None) -> dict[
     return result
 
 
-def alternate(trees: list[Path], code: str, rounds: int) -> dict[Path, dict[str, float]]:
-    """Per tree, the median over ``rounds`` runs of each key the script reports."""
+def alternate_rounds(
+    trees: list[Path], code: str, rounds: int
+) -> dict[Path, list[dict[str, float]]]:
+    """Per tree, what the script reported in each of ``rounds`` runs, the trees taking turns
+    (A B, B A, ...)."""
     runs: dict[Path, list[dict[str, float]]] = {t: [] for t in trees}
     for r in range(rounds):
         for t in trees if r % 2 == 0 else list(reversed(trees)):
             runs[t].append(run_child(t, code))
+    return runs
+
+
+def alternate(trees: list[Path], code: str, rounds: int) -> dict[Path, dict[str, float]]:
+    """Per tree, the median over ``rounds`` runs of each key the script reports."""
+    runs = alternate_rounds(trees, code, rounds)
     return {t: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for t, rs in runs.items()}

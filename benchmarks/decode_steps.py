@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.ab_checkouts import run_child
+from benchmarks.ab_checkouts import alternate_rounds
 from benchmarks.offline_throughput import default_model_dir
 from benchmarks.workloads import ensure_model_folder
 
@@ -77,10 +77,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     )
     here = Path(__file__).resolve().parent.parent
     trees = [here, *[p.resolve() for p in args.against]]
-    rounds: dict[Path, list[float]] = {t: [] for t in trees}
-    for r in range(args.rounds):
-        for t in trees if r % 2 == 0 else list(reversed(trees)):
-            rounds[t].append(run_child(t, code)["step_s"])
+    runs = alternate_rounds(trees, code, args.rounds)
+    rounds = {t: [r["step_s"] for r in rs] for t, rs in runs.items()}
     medians = {t: statistics.median(v) for t, v in rounds.items()}
     print(f"decode step of {SEQS} requests, median of {STEPS} steps a round, {args.rounds} rounds")
     for t in trees:
