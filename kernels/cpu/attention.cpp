@@ -10,7 +10,6 @@
 // held transposed, so a score is a row-vector FMA per key and dimension (no horizontal sums)
 // and the softmax runs vectorised over rows.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -809,15 +808,13 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   // Score rows: the block's keys rounded up to whole vectors and to groups of 4 keys.
   const int ld = (a.block_size + std::max(W, 4) - 1) / std::max(W, 4) * std::max(W, 4);
   const int threads = std::max(1, std::min(a.num_threads, n));
-  std::atomic<int> next{0};
+  ClaimAhead queue(n);
   parallel(threads, [&](int, int) {
     Scratch sc(a.head_dim, ld, a.block_size);
-    // Each thread claims its next item before it runs the current one and prefetches that
-    // item's first block meanwhile: within an item every block is prefetched while the one
-    // before it is worked on, and this covers the first one too.
-    int i = next.fetch_add(1, std::memory_order_relaxed);
-    while (i < n) {
-      const int following = next.fetch_add(1, std::memory_order_relaxed);
+    // A thread prefetches the first block of the item it claimed next while it runs the
+    // current one: within an item every block is prefetched while the one before it is worked
+    // on, and this covers the first one too.
+    queue.drain([&](int64_t i, int64_t following) {
       if (following < n && !items[following].tile) prefetch_first_block<T>(a, items[following]);
       const Item& it = items[i];
       float* part = it.part < 0 ? nullptr : partial.data() + it.part * stride;
@@ -825,8 +822,7 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
         run_tile<T>(a, it, sc, part);
       else
         run_item<T, D>(a, it, sc, ld, part);
-      i = following;
-    }
+    });
   });
   if (parts > 0) merge_parts<T>(a, items, partial, stride);
 }

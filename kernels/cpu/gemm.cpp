@@ -8,7 +8,6 @@
 // rows) every weight byte is read from memory exactly once per call, which is what bounds a
 // decode step; at prefill sizes the same loop nest, blocked over rows and K, runs from cache.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -126,52 +125,43 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
   // for a while takes fewer chunks instead of holding everyone at the end of the call.
   const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
   const int64_t num_chunks = (panels + chunk - 1) / chunk;
-  std::atomic<int64_t> next_chunk{0};
-  parallel(threads, [&](int, int) {
-    // Each thread claims its next chunk before it runs the current one, so that the current
-    // chunk's last slice can prefetch the next chunk's first (at decode sizes a chunk of the
-    // smaller projections is one panel with K in one block: without this, nothing of theirs
-    // would be prefetched).
-    int64_t ch = next_chunk.fetch_add(1, std::memory_order_relaxed);
-    while (ch < num_chunks) {
-      const int64_t following = next_chunk.fetch_add(1, std::memory_order_relaxed);
-      const float* following_first =
-          following < num_chunks ? packed + following * chunk * k * NB : nullptr;
-      const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
-      for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
-        const int64_t m1 = std::min(m, m0 + mc_size);
-        for (int64_t p = p_begin; p < p_end; ++p) {
-          const int nvalid = static_cast<int>(std::min<int64_t>(NB, n - p * NB));
-          const float* b = bias != nullptr ? bias + p * NB : nullptr;
-          for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
-            const int kc = static_cast<int>(std::min(kc_size, k - k0));
-            const float* panel = packed + p * k * NB + k0 * NB;
-            // The weights stream on: the next kc x NB slice (the next K block or the next
-            // panel, contiguous; after the chunk's last slice, the next chunk's first, and
-            // only once the last row block is through) is prefetched while this one is
-            // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
-            // arithmetic (the hardware prefetcher only follows demand misses, and the row
-            // blocks after the first miss nothing).
-            const bool last = p + 1 == p_end && k0 + kc >= k;
-            const float* next_slice = panel + kc * NB;
-            if (last) next_slice = m1 == m ? following_first : nullptr;
-            const char* next = reinterpret_cast<const char*>(next_slice);
-            const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
-            const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
-            const int64_t blocks = (m1 - m0 + MR - 1) / MR;
-            const int64_t per = (lines + blocks - 1) / blocks;
-            for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
-              const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
-              const int64_t first = std::min(lines, rb * per);
-              const int n_pf = static_cast<int>(std::min(lines, first + per) - first);
-              kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + r * ldy + p * NB, ldy,
-                            nvalid, k0 == 0, b, next == nullptr ? nullptr : next + first * 64,
-                            std::min(n_pf, kc));
-            }
+  // A thread claims its next chunk before it runs the current one, so the current chunk's last
+  // slice prefetches the next chunk's first (at decode sizes a chunk of the smaller
+  // projections is one panel with K in one block: nothing of theirs would be prefetched).
+  parallel_for_dynamic(num_chunks, threads, [&](int64_t ch, int64_t following) {
+    const float* following_first =
+        following < num_chunks ? packed + following * chunk * k * NB : nullptr;
+    const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
+    for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
+      const int64_t m1 = std::min(m, m0 + mc_size);
+      for (int64_t p = p_begin; p < p_end; ++p) {
+        const int nvalid = static_cast<int>(std::min<int64_t>(NB, n - p * NB));
+        const float* b = bias != nullptr ? bias + p * NB : nullptr;
+        for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
+          const int kc = static_cast<int>(std::min(kc_size, k - k0));
+          const float* panel = packed + p * k * NB + k0 * NB;
+          // The weights stream on: the next kc x NB slice (the next K block or the next panel,
+          // contiguous; after the chunk's last slice, the next chunk's first, once the last
+          // row block is through) is prefetched while this one is multiplied, its lines shared
+          // out over the row blocks, so its fetch overlaps their arithmetic (the hardware
+          // prefetcher only follows demand misses, and the row blocks after the first miss
+          // nothing).
+          const bool last = p + 1 == p_end && k0 + kc >= k;
+          const float* next = last ? (m1 == m ? following_first : nullptr) : panel + kc * NB;
+          const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
+          const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
+          const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
+          const int64_t blocks = (m1 - m0 + MR - 1) / MR;
+          const int64_t per = (lines + blocks - 1) / blocks;
+          for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
+            const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+            const int64_t first = std::min(lines, rb * per);
+            const int n_pf = static_cast<int>(std::min(lines, first + per) - first);
+            kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + r * ldy + p * NB, ldy, nvalid,
+                          k0 == 0, b, pf + first * 64, std::min(n_pf, kc));
           }
         }
       }
-      ch = following;
     }
   });
 }

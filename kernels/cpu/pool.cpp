@@ -247,12 +247,11 @@ void parallel(int threads, const std::function<void(int, int)>& body) {
   pool().run(threads, body);
 }
 
-void parallel_for_dynamic(int64_t count, int threads, const std::function<void(int64_t)>& body) {
+void parallel_for_dynamic(int64_t count, int threads,
+                          const std::function<void(int64_t, int64_t)>& body) {
   const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
-  std::atomic<int64_t> next{0};
-  parallel(n, [&](int, int) {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) body(i);
-  });
+  ClaimAhead items(count);
+  parallel(n, [&](int, int) { items.drain(body); });
 }
 
 void parallel_for_static(int64_t count, int threads,

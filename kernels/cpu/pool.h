@@ -18,6 +18,8 @@
 // policy's, without configuration. `PDSERVE_CPU_SPIN_US=0` never spins.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
@@ -28,8 +30,31 @@ namespace pdcpu {
 // body(0, 1) on the calling thread.
 void parallel(int threads, const std::function<void(int, int)>& body);
 
-// body(i) for every i in [0, count), items handed out one at a time to up to `threads` threads.
-void parallel_for_dynamic(int64_t count, int threads, const std::function<void(int64_t)>& body);
+// Items [0, count) handed out one at a time to the threads that drain it (inside one
+// `parallel` region). A thread claims its next item before it runs the current one, and
+// body(i, next) learns it: `next` is the item the same thread runs after i (count when none),
+// so the body can prefetch that item's data while it works on i.
+class ClaimAhead {
+ public:
+  explicit ClaimAhead(int64_t count) : count_(count) {}
+  template <typename Body>
+  void drain(Body&& body) {
+    for (int64_t i = claim(); i < count_;) {
+      const int64_t next = claim();
+      body(i, next);
+      i = next;
+    }
+  }
+
+ private:
+  int64_t claim() { return std::min(count_, claimed_.fetch_add(1, std::memory_order_relaxed)); }
+  const int64_t count_;
+  std::atomic<int64_t> claimed_{0};
+};
+
+// body(i, next) for every i in [0, count) on up to `threads` threads, through a ClaimAhead.
+void parallel_for_dynamic(int64_t count, int threads,
+                          const std::function<void(int64_t, int64_t)>& body);
 
 // body(begin, end) over `threads` contiguous, near-equal ranges of [0, count).
 void parallel_for_static(int64_t count, int threads,
