@@ -13,11 +13,11 @@ printed beside it to show the load):
   block ids, contexts uniform in ``--context``): the torch backend, the cpu backend, and the
   time to read the step's K/V bytes once at the measured bandwidth;
 - **gemm**: all 30 decoder layers' GEMMs (qkv, o, gate_up, down; own weights per layer, 425 MB,
-  so nothing stays cached) plus the lm_head, at decode row counts: ``F.linear``, MKL packed
-  (``torch.ops.mkl._mkl_linear``), oneDNN packed (``torch.ops.mkldnn._linear_pointwise``), the
-  pdserve packed GEMM (and with ``--inductor``, ``torch.compile`` with inductor's weight freezing
-  over all of them in one graph, compile time printed), against the weights' bytes at the
-  measured read bandwidth;
+  so nothing stays cached) plus the lm_head, at decode row counts, each way of
+  ``benchmarks/gemm_options.py``: ``F.linear``, MKL packed, oneDNN packed, the pdserve packed
+  GEMM (and with ``--inductor``, ``torch.compile`` with inductor's weight freezing over all of
+  them in one graph, compile time printed), against the weights' bytes at the measured read
+  bandwidth;
 - **elementwise**: one step's add+RMSNorm, rotary and SiLU·mul over 30 layers, torch ops vs the
   kernels.
 """
@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import gemm_options
 from benchmarks.workloads import model_shape
 
 Timing = dict[str, float]
@@ -142,23 +142,7 @@ def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[st
     layer_bytes = sum(w.numel() * 4 for layer in weights for w in layer)
     head_bytes = lm_head.numel() * 4
 
-    Linear = Callable[[torch.Tensor], torch.Tensor]
-
-    def plain(w: torch.Tensor, m: int) -> Linear:
-        return lambda x: F.linear(x, w)
-
-    makers: dict[str, Callable[[torch.Tensor, int], Linear]] = {
-        "F.linear": plain,
-        "mkl packed": _mkl_packed,
-        "onednn packed": _onednn_packed,
-    }
-    if kernels is not None:
-
-        def pdserve(w: torch.Tensor, m: int) -> Linear:
-            packed, n = kernels.pack_linear_weight(w), w.shape[0]
-            return lambda x: kernels.linear(x, packed, n, None)
-
-        makers["pdserve"] = pdserve
+    makers = gemm_options.makers(kernels)
 
     result: dict[str, Any] = {"layer_bytes": layer_bytes, "lm_head_bytes": head_bytes}
     result["floor_layers_s"] = layer_bytes / (gbps * 1e9)
@@ -176,7 +160,7 @@ def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[st
                     continue
 
                 def layers_pass(
-                    fns: list[list[Linear]] = fns, xs: dict[int, torch.Tensor] = xs
+                    fns: list[list[gemm_options.Linear]] = fns, xs: dict[int, torch.Tensor] = xs
                 ) -> None:
                     for layer in fns:
                         for f, (k, _) in zip(layer, fused, strict=True):
@@ -184,7 +168,9 @@ def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[st
 
                 x_head = torch.randn(m, h)
 
-                def head_pass(head: Linear = head, x_head: torch.Tensor = x_head) -> None:
+                def head_pass(
+                    head: gemm_options.Linear = head, x_head: torch.Tensor = x_head
+                ) -> None:
                     head(x_head)
 
                 by_impl[name] = {
@@ -193,65 +179,17 @@ def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[st
                 }
                 del fns, head
             if args.inductor:
-                by_impl["inductor frozen"] = _inductor_frozen(weights, lm_head, fused, m, args)
+                xs_list = [xs[k] for k, _ in fused]
+                layers_call, head_call, compile_s = gemm_options.inductor_frozen(
+                    weights, lm_head, xs_list
+                )
+                by_impl["inductor frozen"] = {
+                    "layers": time_passes(layers_call, args.passes),
+                    "lm_head": time_passes(head_call, args.passes * 2),
+                    "compile_s": compile_s,
+                }
             result[str(m)] = by_impl
     return result
-
-
-class _GemmStack(nn.Module):
-    """Every decoder layer's GEMMs as one module (inputs taken in turn from ``xs``), so that
-    inductor compiles them as one graph and, with freezing, prepacks every weight."""
-
-    def __init__(self, weights: list[list[torch.Tensor]]) -> None:
-        super().__init__()
-        self.lins = nn.ModuleList(_linear_of(w) for layer in weights for w in layer)
-
-    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [lin(xs[i % len(xs)]) for i, lin in enumerate(self.lins)]
-
-
-def _linear_of(w: torch.Tensor) -> nn.Linear:
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
-    lin.weight = nn.Parameter(w, requires_grad=False)
-    return lin
-
-
-def _inductor_frozen(
-    weights: list[list[torch.Tensor]],
-    lm_head: torch.Tensor,
-    fused: list[tuple[int, int]],
-    m: int,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    """``torch.compile`` (inductor's CPU backend, ``freezing=True``: weights folded in and
-    prepacked) over the layers' GEMMs and over the lm_head, at ``m`` rows (static shapes)."""
-    import torch._inductor.config as inductor_config
-
-    stack, head = _GemmStack(weights).eval(), _linear_of(lm_head).eval()
-    xs = [torch.randn(m, k) for k, _ in fused]
-    x_head = torch.randn(m, lm_head.shape[1])
-    with inductor_config.patch(freezing=True):
-        t0 = time.perf_counter()
-        compiled_stack = torch.compile(stack, dynamic=False)
-        compiled_head = torch.compile(head, dynamic=False)
-        compiled_stack(xs)
-        compiled_head(x_head)
-        compile_s = time.perf_counter() - t0
-        return {
-            "layers": time_passes(lambda: compiled_stack(xs), args.passes),
-            "lm_head": time_passes(lambda: compiled_head(x_head), args.passes * 2),
-            "compile_s": compile_s,
-        }
-
-
-def _mkl_packed(w: torch.Tensor, m: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
-    return lambda x: torch.ops.mkl._mkl_linear(x, packed, w, None, m)
-
-
-def _onednn_packed(w: torch.Tensor, m: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
 # ----------------------------------------------------------------------------- elementwise

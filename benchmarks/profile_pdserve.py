@@ -16,8 +16,9 @@ engine's objects at run time (no engine code changes; about a microsecond per wr
 ``PDSERVE_CPU_KERNELS=0`` in the environment profiles the torch path instead. The decoder
 layers run the per-kernel Python layer here (``PDSERVE_FUSED_LAYERS=0`` unless the environment
 says otherwise), whose Python-side timers see each kernel. ``--fused`` profiles the product's
-one-call layer instead: the kernels' own phase timers (``PDSERVE_CPU_PHASE_TIMERS=1``,
-kernels/cpu/phase_timers.h) say what its GEMMs, KV store, attention and pointwise ops took.
+fused layers instead (one compiled call a step): the kernels' own phase timers
+(``PDSERVE_CPU_PHASE_TIMERS=1``, kernels/cpu/phase_timers.h) say what its GEMMs, KV store,
+attention and pointwise ops took.
 
 Steps are split into those that carry prefill tokens and pure decode steps. With
 ``--op-profile-steps N`` a second pass runs ``torch.profiler`` over N steps in the middle of the
@@ -256,7 +257,7 @@ def main() -> None:
     parser.add_argument(
         "--fused",
         action="store_true",
-        help="profile the product's one-call decoder layers (timed inside by the kernels' "
+        help="profile the product's fused decoder layers (timed inside by the kernels' "
         "phase timers, PDSERVE_CPU_PHASE_TIMERS=1) instead of the per-kernel Python layer",
     )
     args = parser.parse_args()
@@ -290,7 +291,7 @@ def main() -> None:
     kernels_on = model.kernels is not None
     print(
         f"attention backend {llm.engine.backend.name}, CPU kernels {kernels_on}, decoder layers "
-        f"{'fused (one compiled call each)' if model.fused_layers else 'per kernel (Python)'}"
+        f"{'fused (one compiled call a step)' if model.fused_layers else 'per kernel (Python)'}"
     )
     if args.fused and not model.fused_layers:
         raise SystemExit("--fused: this model's layers do not run fused here")
