@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from control_plane.cluster_view import ClusterView
-from control_plane.redis_store import ControlPlaneUnavailable, RedisStore
+from control_plane.redis_call import ControlPlaneUnavailable
+from control_plane.redis_store import RedisStore
 
 
 class DispatchLedger(Protocol):

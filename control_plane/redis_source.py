@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 
 from control_plane.cluster_view import ClusterView
 from control_plane.kv_events import KVSnapshot
-from control_plane.redis_store import ControlPlaneUnavailable, RedisStore, StreamedKVBatch
+from control_plane.redis_call import ControlPlaneUnavailable
+from control_plane.redis_store import RedisStore, StreamedKVBatch
 from control_plane.worker_info import WorkerInfo
 
 logger = logging.getLogger(__name__)

@@ -1,25 +1,25 @@
 """The control plane's Redis client: every read and write the workers and routers make, each
 one bounded in time, returning plain data.
 
-Any Redis failure (refused, reset, timed out, a script error) raises
-``ControlPlaneUnavailable``; callers keep serving on what they last knew and try again.
+Any Redis failure raises ``ControlPlaneUnavailable`` (``redis_call``); callers keep serving on
+what they last knew and try again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from control_plane import lua
 from control_plane.keys import Keyspace
 from control_plane.kv_events import KVEventBatch
 from control_plane.load_report import LoadReport
+from control_plane.redis_call import ConnectionLost, call_once
 from control_plane.worker_info import WorkerInfo, WorkerState
 
 T = TypeVar("T")
@@ -27,10 +27,6 @@ T = TypeVar("T")
 EVENTS_MAXLEN = 10_000
 KV_STREAM_MAXLEN = 20_000
 MAX_BLOCK_S = 1.0  # the longest a blocking stream read waits for news
-
-
-class ControlPlaneUnavailable(Exception):
-    """Redis did not answer in time or failed; the message says how."""
 
 
 @dataclass(frozen=True)
@@ -97,29 +93,33 @@ class RedisStore:
         await self._redis.aclose()
         await self._blocking.aclose()
 
-    async def _run(self, op: Awaitable[T], timeout_s: float | None = None) -> T:
-        """Await one Redis call. Its bound is the client's own: every socket connect, write
-        and read has ``timeout_s`` (blocking reads: the block plus ``timeout_s``). No asyncio
-        timeout is stacked on top: nested asyncio timeouts around redis-py's own wait_for
-        left a cancelled task stuck in a socket drain on Python 3.11."""
-        del timeout_s  # the blocking client's socket timeout already covers its block
-        task = asyncio.current_task()
+    async def _run(self, make: Callable[[], Awaitable[T]], *, repeatable: bool = False) -> T:
+        """Make and await one Redis call (``call_once``: bounded by the clients' timeouts).
+
+        A connection Redis closed while it sat in the pool (a restart, a ``CLIENT KILL``, an
+        idle timeout) fails the call that takes it. Then every idle pooled connection goes (the
+        others were most likely closed too), and a ``repeatable`` call (a read, or a write
+        whose second run changes nothing more) is made once more, on a fresh connection; any
+        other call fails once and the caller's next one goes through."""
         try:
-            result = await op
-        except (TimeoutError, RedisError, OSError) as e:
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError from e
-            raise ControlPlaneUnavailable(f"redis at {self.url}: {type(e).__name__}: {e}") from e
-        if task is not None and task.cancelling():
-            # redis-py may absorb a cancellation that lands mid-command (it finishes the
-            # command to keep the connection usable) and return normally, or turn it into a
-            # connection error: either way the caller was cancelled and must see it.
-            raise asyncio.CancelledError
-        return result
+            return await call_once(make(), self.url)
+        except ConnectionLost:
+            await self._drop_idle_connections()
+            if not repeatable:
+                raise
+        try:
+            return await call_once(make(), self.url)
+        except ConnectionLost:
+            await self._drop_idle_connections()
+            raise
+
+    async def _drop_idle_connections(self) -> None:
+        for client in (self._redis, self._blocking):
+            await client.connection_pool.disconnect(inuse_connections=False)
 
     async def now(self) -> float:
         """Redis's clock, in seconds."""
-        sec, usec = await self._run(self._redis.time())
+        sec, usec = await self._run(self._redis.time, repeatable=True)
         return float(sec) + float(usec) / 1e6
 
     # ------------------------------------------------------------------ worker side
@@ -129,7 +129,7 @@ class RedisStore:
         fields = {k: v for k, v in info.to_fields().items() if k != "epoch"}
         k = self.keys
         epoch, now_ms = await self._run(
-            self._register(
+            lambda: self._register(
                 keys=[k.epoch(info.worker_id), k.worker(info.worker_id), k.members, k.events],
                 args=[
                     info.worker_id,
@@ -151,14 +151,17 @@ class RedisStore:
         if load is not None:
             args += _pairs(load.to_fields())
         code, _ = await self._run(
-            self._heartbeat(keys=[k.worker(worker_id), k.members, k.load(worker_id)], args=args)
+            lambda: self._heartbeat(
+                keys=[k.worker(worker_id), k.members, k.load(worker_id)], args=args
+            ),
+            repeatable=True,  # it only renews the lease and overwrites the report
         )
         return int(code)
 
     async def set_state(self, worker_id: str, epoch: int, state: WorkerState) -> int:
         k = self.keys
         code, _ = await self._run(
-            self._set_state(
+            lambda: self._set_state(
                 keys=[k.worker(worker_id), k.events],
                 args=[epoch, worker_id, state.value, EVENTS_MAXLEN],
             )
@@ -168,17 +171,18 @@ class RedisStore:
     async def unregister(self, worker_id: str, epoch: int) -> int:
         k = self.keys
         code, _ = await self._run(
-            self._unregister(
+            lambda: self._unregister(
                 keys=[k.worker(worker_id), k.members, k.events, k.load(worker_id)],
                 args=[epoch, worker_id, EVENTS_MAXLEN],
-            )
+            ),
+            repeatable=True,  # a second run finds the member gone (lua.GONE)
         )
         return int(code)
 
     async def publish_kv(self, worker_id: str, epoch: int, batch: KVEventBatch) -> int:
         k = self.keys
         code, _ = await self._run(
-            self._publish_kv(
+            lambda: self._publish_kv(
                 keys=[k.worker(worker_id), k.kv(worker_id)],
                 args=[
                     epoch,
@@ -201,21 +205,29 @@ class RedisStore:
         """``list_members`` with the dataset's generation, read in the same round trip (the
         first caller after Redis lost its data sets a new one)."""
         k = self.keys
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrangebyscore(k.members, "-inf", "+inf", withscores=True)
-        pipe.set(k.generation, secrets.token_hex(8), nx=True)
-        pipe.get(k.generation)
-        (sec, usec), members, _, generation = await self._run(pipe.execute())
+
+        def first() -> Awaitable[list[Any]]:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrangebyscore(k.members, "-inf", "+inf", withscores=True)
+            pipe.set(k.generation, secrets.token_hex(8), nx=True)  # only where none is
+            pipe.get(k.generation)
+            return pipe.execute()  # type: ignore[no-any-return]
+
+        (sec, usec), members, _, generation = await self._run(first, repeatable=True)
         now = float(sec) + float(usec) / 1e6
         live = [(m.decode(), score / 1000.0) for m, score in members if score / 1000.0 > now]
         expired = [m for m, score in members if score / 1000.0 <= now]
-        pipe = self._redis.pipeline(transaction=False)
-        for worker_id, _ in live:
-            pipe.hgetall(k.worker(worker_id))
-        if expired:
-            pipe.zrem(k.members, *expired)
-        records = await self._run(pipe.execute()) if live or expired else []
+
+        def second() -> Awaitable[list[Any]]:
+            pipe = self._redis.pipeline(transaction=False)
+            for worker_id, _ in live:
+                pipe.hgetall(k.worker(worker_id))
+            if expired:
+                pipe.zrem(k.members, *expired)
+            return pipe.execute()  # type: ignore[no-any-return]
+
+        records = await self._run(second, repeatable=True) if live or expired else []
         infos: list[WorkerInfo] = []
         for (_, deadline), record in zip(live, records, strict=False):
             if not record:
@@ -235,8 +247,8 @@ class RedisStore:
         block_s = min(block_s, MAX_BLOCK_S)
         block_ms = max(1, int(block_s * 1000))
         reply = await self._run(
-            self._blocking.xread({self.keys.events: last_id}, count=count, block=block_ms),
-            timeout_s=block_s + self.timeout_s,
+            lambda: self._blocking.xread({self.keys.events: last_id}, count=count, block=block_ms),
+            repeatable=True,
         )
         out: list[MembershipEvent] = []
         for _, entries in reply or []:
@@ -253,16 +265,22 @@ class RedisStore:
 
     async def last_event_id(self) -> bytes:
         """The id of the newest membership event (b"0-0" when none): read after this."""
-        info = await self._run(self._redis.xrevrange(self.keys.events, count=1))
+        info = await self._run(
+            lambda: self._redis.xrevrange(self.keys.events, count=1), repeatable=True
+        )
         return info[0][0] if info else b"0-0"
 
     async def read_loads(self, worker_ids: Sequence[str]) -> tuple[float, dict[str, LoadReport]]:
         """``(registry time, latest load report of each worker that has one)``."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.time()
-        for w in worker_ids:
-            pipe.hgetall(self.keys.load(w))
-        replies = await self._run(pipe.execute())
+
+        def reads() -> Awaitable[list[Any]]:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.time()
+            for w in worker_ids:
+                pipe.hgetall(self.keys.load(w))
+            return pipe.execute()  # type: ignore[no-any-return]
+
+        replies = await self._run(reads, repeatable=True)
         sec, usec = replies[0]
         now = float(sec) + float(usec) / 1e6
         loads: dict[str, LoadReport] = {}
@@ -286,8 +304,8 @@ class RedisStore:
         streams = {self.keys.kv(w): pos for w, pos in positions.items()}
         block_s = min(block_s, MAX_BLOCK_S)
         reply = await self._run(
-            self._blocking.xread(streams, count=count, block=max(1, int(block_s * 1000))),
-            timeout_s=block_s + self.timeout_s,
+            lambda: self._blocking.xread(streams, count=count, block=max(1, int(block_s * 1000))),
+            repeatable=True,
         )
         by_key = {self.keys.kv(w): w for w in positions}
         out: list[tuple[str, StreamedKVBatch]] = []
@@ -301,7 +319,9 @@ class RedisStore:
 
     async def kv_stream_end(self, worker_id: str) -> bytes:
         """The id of the newest entry of the worker's KV stream (b"0-0" when empty)."""
-        last = await self._run(self._redis.xrevrange(self.keys.kv(worker_id), count=1))
+        last = await self._run(
+            lambda: self._redis.xrevrange(self.keys.kv(worker_id), count=1), repeatable=True
+        )
         return last[0][0] if last else b"0-0"
 
     async def select_and_reserve(
@@ -329,7 +349,7 @@ class RedisStore:
             int(visible_after_s * 1000),
         ]
         args += [repr(float(c)) for _, c in candidates]
-        reply = await self._run(self._select(keys=keys, args=args))
+        reply = await self._run(lambda: self._select(keys=keys, args=args))
         index = int(reply[0])
         pending = {w: int(p) for (w, _), p in zip(candidates, reply[1:], strict=True)}
         return (candidates[index - 1][0] if index > 0 else None), pending
@@ -337,9 +357,10 @@ class RedisStore:
     async def release_pending(self, worker_id: str, request_id: str) -> None:
         k = self.keys
         await self._run(
-            self._release(
+            lambda: self._release(
                 keys=[k.pending(worker_id), k.pending_blocks(worker_id)], args=[request_id]
-            )
+            ),
+            repeatable=True,  # removing a send twice removes it once
         )
 
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from control_plane import lua
 from control_plane.kv_events import KVEventLog
 from control_plane.load_report import LoadReport
-from control_plane.redis_store import ControlPlaneUnavailable, RedisStore
+from control_plane.redis_call import ControlPlaneUnavailable
+from control_plane.redis_store import RedisStore
 from control_plane.stats import ControlPlaneStats
 from control_plane.worker_info import WorkerInfo
 

@@ -12,8 +12,9 @@ import pytest
 from control_plane import lua
 from control_plane.cluster_view import ClusterView
 from control_plane.load_report import LoadReport
+from control_plane.redis_call import ControlPlaneUnavailable
 from control_plane.redis_source import RedisClusterSource
-from control_plane.redis_store import ControlPlaneUnavailable, RedisStore
+from control_plane.redis_store import RedisStore
 from control_plane.worker_agent import LoadSample, WorkerAgent
 from control_plane.worker_info import ModelFingerprint, WorkerInfo, WorkerRole, WorkerState
 from tests.redis_harness import RedisServer
