@@ -61,6 +61,7 @@ class ModelRunner:
             kernels = load()
             if kernels is not None:
                 model.use_cpu_kernels(kernels)
+                self.sampler.use_argmax(kernels.argmax)
         elif device.type == "cuda" and os.environ.get(GPU_POINTWISE_ENV, "1") != "0":
             self._use_triton_pointwise()
 

@@ -32,7 +32,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("ops.cpp", "attention.cpp", "gemm.cpp", "elementwise.cpp", "pool.cpp")
+SOURCES = ("ops.cpp", "attention.cpp", "gemm.cpp", "elementwise.cpp", "argmax.cpp", "pool.cpp")
 HEADERS = ("kernels.h", "vec.h", "pool.h", "phase_timers.h")
 ISA_FLAGS: dict[str, list[str]] = {
     "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],

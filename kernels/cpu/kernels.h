@@ -75,4 +75,9 @@ void rotary(void* x, int64_t rows, int64_t heads, int64_t stride_row, int64_t st
 void silu_mul(const void* gate_up, int64_t in_stride, void* out, int64_t out_stride,
               int64_t rows, int64_t inter, DType dtype, int num_threads);
 
+// ---- argmax.cpp (float32) -------------------------------------------------------------------
+// out[r] = torch.argmax(x[r, :n]): the first maximal index, a NaN counting as the maximum.
+void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t stride, int64_t* out,
+                 int num_threads);
+
 }  // namespace pdcpu

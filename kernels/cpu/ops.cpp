@@ -237,6 +237,16 @@ Tensor silu_mul(const Tensor& gate_up) {
   return out;
 }
 
+Tensor argmax(const Tensor& logits) {
+  check_last_contiguous(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) > 0,
+              "pdserve_cpu.argmax: logits must be float32 [rows, vocab] with vocab > 0");
+  Tensor out = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  pdcpu::argmax_rows(logits.data_ptr<float>(), logits.size(0), logits.size(1), logits.stride(0),
+                     out.data_ptr<int64_t>(), at::get_num_threads());
+  return out;
+}
+
 // One Llama-family decoder layer on the ops above, in the order the Python layer runs them
 // (engine/models/llama.py), so its output is the same bits; what it saves is the ~10 Python
 // calls and dispatches a layer makes between its kernels. `residual` is None in the first
@@ -379,6 +389,7 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor positions) -> ()",
         &rotary_);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("argmax(Tensor logits) -> Tensor", &argmax);
   m.def(
       "decoder_layers(Tensor(a!) x, Tensor[] input_norms, Tensor[] post_norms, float eps, "
       "Tensor[] qkv, Tensor?[] qkv_bias, Tensor[] o, Tensor?[] o_bias, Tensor[] gate_up, "

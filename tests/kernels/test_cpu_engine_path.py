@@ -39,6 +39,7 @@ def test_default_cpu_path_is_the_compiled_kernels(tiny_model: Path) -> None:
     assert model.kernels is not None
     linears = [m for m in model.modules() if isinstance(m, nn.Linear | PackedLinear)]
     assert linears and all(isinstance(m, PackedLinear) for m in linears)  # fp32: all packed
+    assert engine.runner.sampler.has_argmax_kernel  # greedy rows: the compiled argmax
 
 
 def test_half_precision_keeps_torch_linears(model_factory) -> None:  # type: ignore[no-untyped-def]
@@ -61,6 +62,7 @@ def test_torch_path_matches_hf(model_factory, monkeypatch, arch: str) -> None:  
     folder = model_factory(arch, **TINY_ARCHS[arch])
     engine = make_engine(folder, max_num_batched_tokens=16)
     assert engine.backend.name == "torch" and engine.runner.model.kernels is None
+    assert not engine.runner.sampler.has_argmax_kernel
     prompts = random_prompts(4, engine.model_config.vocab_size, 10, 40, seed=21)
     lengths = [30, 12, 25, 8]
     assert_greedy_matches_hf(engine, folder, prompts, lengths)
