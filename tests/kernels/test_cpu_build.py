@@ -87,6 +87,10 @@ def test_portable_build_matches_reference():
         gu = torch.randn(3, 38)
         torch.testing.assert_close(
             ops.silu_mul(gu), torch.nn.functional.silu(gu[:, :19]) * gu[:, 19:])
+        logits = torch.randn(5, 1003)
+        logits[1, [7, 700]] = 9.0  # a tie: the first wins
+        logits[2, 999] = float("nan")
+        assert torch.equal(ops.argmax(logits), logits.argmax(dim=-1))
         print("portable ok")
         """,
         PDSERVE_CPU_ISA="default",
