@@ -133,12 +133,10 @@ def attention_section(args: argparse.Namespace, kernels: Any, gbps: float) -> di
 # ------------------------------------------------------------------------------------ gemm
 def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[str, Any]:
     shape = model_shape()
-    h, kv = shape.hidden_size, shape.num_key_value_heads * shape.head_dim
-    inter = shape.intermediate_size
-    fused = [(h, h + 2 * kv), (h, h), (h, 2 * inter), (inter, h)]  # (in, out) as pdserve runs
+    fused = shape.fused_linear_shapes()
     torch.manual_seed(0)
-    weights = [[torch.randn(n, k) * 0.02 for k, n in fused] for _ in range(shape.num_hidden_layers)]
-    lm_head = torch.randn(shape.vocab_size, h) * 0.02
+    weights = shape.random_layer_weights()
+    lm_head = torch.randn(shape.vocab_size, shape.hidden_size) * 0.02
     layer_bytes = sum(w.numel() * 4 for layer in weights for w in layer)
     head_bytes = lm_head.numel() * 4
 
@@ -166,7 +164,7 @@ def gemm_section(args: argparse.Namespace, kernels: Any, gbps: float) -> dict[st
                         for f, (k, _) in zip(layer, fused, strict=True):
                             f(xs[k])
 
-                x_head = torch.randn(m, h)
+                x_head = torch.randn(m, shape.hidden_size)
 
                 def head_pass(
                     head: gemm_options.Linear = head, x_head: torch.Tensor = x_head

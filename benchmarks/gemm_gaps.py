@@ -42,13 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         print("the compiled CPU kernels are not available", file=sys.stderr)
         return 1
     shape = model_shape()
-    h, inter = shape.hidden_size, shape.intermediate_size
-    kv = shape.num_key_value_heads * shape.head_dim
-    fused = [(h, h + 2 * kv), (h, h), (h, 2 * inter), (inter, h)]  # (in, out) as pdserve runs
+    fused = shape.fused_linear_shapes()
     torch.manual_seed(0)
     layers = [
-        [(ops.pack_linear_weight(torch.randn(n, k) * 0.02), n, k) for k, n in fused]
-        for _ in range(shape.num_hidden_layers)
+        [(ops.pack_linear_weight(w), w.shape[0], w.shape[1]) for w in layer]
+        for layer in shape.random_layer_weights()
     ]
     xs = {k: torch.randn(args.rows, k) for k, _ in fused}
     junk = torch.randn(5 * 1024 * 1024)

@@ -83,6 +83,24 @@ class ModelShape:
             ("down_proj", i, h),
         ]
 
+    def fused_linear_shapes(self) -> list[tuple[int, int]]:
+        """(in_features, out_features) of a decoder layer's GEMMs as pdserve runs them: qkv,
+        o, gate_up, down."""
+        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        i = self.intermediate_size
+        return [(h, h + 2 * kv), (h, h), (h, 2 * i), (i, h)]
+
+    def random_layer_weights(self, num_layers: int | None = None) -> list[list[Any]]:
+        """Per decoder layer, its four fused GEMM weights ``[out, in]`` (torch tensors, fp32
+        N(0, 0.02^2)), from torch's global generator: seed it first for repeatable weights.
+        torch is imported here, not at the top: this module stays importable without it."""
+        import torch
+
+        return [
+            [torch.randn(n, k) * 0.02 for k, n in self.fused_linear_shapes()]
+            for _ in range(self.num_hidden_layers if num_layers is None else num_layers)
+        ]
+
     @property
     def params_per_layer(self) -> int:
         return sum(k * n for _, k, n in self.linear_shapes())
