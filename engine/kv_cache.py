@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.huge_pages import advise_huge_pages
 from engine.kv_cache_spec import KVCacheSpec
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -23,6 +24,9 @@ class KVCache:
         dtype = _TORCH_DTYPES[spec.dtype]
         self.device = device
         self.pool = torch.empty(spec.pool_shape(num_blocks), dtype=dtype, device=device)
+        # Before anything touches it: a decode step's attention reads blocks scattered over
+        # the whole pool, and on 4 KiB pages nearly each of those reads is a TLB miss.
+        self.pool_huge_page_bytes = advise_huge_pages(self.pool)
         pin = device.type == "cuda"
         self.host_pool = torch.empty(spec.pool_shape(num_host_blocks), dtype=dtype, pin_memory=pin)
         self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]] = [

@@ -1,0 +1,53 @@
+"""Transparent huge pages for the CPU KV pool.
+
+A decode step reads every running request's K/V, block by block, from places scattered over a
+pool of hundreds of MB or more. On 4 KiB pages one layer's K and V of a block (24 KiB for
+SmolLM2-135M's shape) spans six pages, a layer's attention call touches thousands of pages, and
+the GEMMs between two calls stream enough weights to evict them all from the TLB: nearly every
+page of every call is a page walk. ``madvise(MADV_HUGEPAGE)`` asks Linux to back the buffer with
+2 MiB pages when it is first touched, where transparent huge pages are enabled as ``always`` or
+``madvise`` (``/sys/kernel/mm/transparent_hugepage/enabled``); elsewhere it does nothing and the
+pool works as before. ``PDSERVE_KV_HUGE_PAGES=0`` turns it off (a host where the kernel's
+compaction for huge pages stalls first touches). Measured in docs/benchmarks.md (2026-12-04,
+night).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+HUGE_PAGES_ENV = "PDSERVE_KV_HUGE_PAGES"
+_MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def advise_huge_pages(t: torch.Tensor) -> int:
+    """Advises the 2 MiB-aligned interior of ``t``'s memory for huge pages; returns the bytes
+    advised (0 off Linux, off the CPU, for buffers under 2 MiB, when ``PDSERVE_KV_HUGE_PAGES=0``
+    or when madvise refuses).
+
+    Only pages not yet touched are affected: call it on a fresh ``torch.empty``, before
+    anything writes to it."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu":
+        return 0
+    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+        return 0
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    first = (start + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+    length = (end - first) // HUGE_PAGE * HUGE_PAGE
+    if length <= 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.madvise(first, length, _MADV_HUGEPAGE) != 0:
+        log.debug("madvise(MADV_HUGEPAGE) refused: errno %d", ctypes.get_errno())
+        return 0
+    return length

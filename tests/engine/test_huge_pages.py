@@ -1,0 +1,76 @@
+"""The CPU KV pool asks for transparent huge pages (engine/huge_pages.py), and Linux gives them
+where THP is enabled: read back from /proc/self/smaps, not assumed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.huge_pages import HUGE_PAGE, HUGE_PAGES_ENV, advise_huge_pages
+from engine.kv_cache import KVCache
+from engine.kv_cache_spec import KVCacheSpec
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def thp_mode() -> str | None:
+    """The selected THP mode ('always', 'madvise', 'never'), None where the file is missing."""
+    if not THP.exists():
+        return None
+    text = THP.read_text()
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+def anon_huge_kib(start: int, end: int) -> int:
+    """AnonHugePages (KiB) of the mappings that overlap [start, end) in /proc/self/smaps."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < end and hi > start
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+def test_refuses_what_it_cannot_advise(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert advise_huge_pages(torch.empty(1000)) == 0  # under 2 MiB: no aligned interior
+    assert advise_huge_pages(torch.empty(1 << 22, device="meta")) == 0  # not host memory
+    monkeypatch.setenv(HUGE_PAGES_ENV, "0")  # the operator's off switch
+    assert advise_huge_pages(torch.empty(1 << 22)) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux")
+def test_advises_the_aligned_interior() -> None:
+    t = torch.empty(5 * HUGE_PAGE // 4 + 123)  # 5 huge pages of bytes, start unaligned
+    advised = advise_huge_pages(t)
+    start = t.data_ptr()
+    first = -(-start // HUGE_PAGE) * HUGE_PAGE
+    assert advised == (start + t.numel() * 4 - first) // HUGE_PAGE * HUGE_PAGE
+    assert advised >= 4 * HUGE_PAGE
+
+
+@pytest.mark.skipif(
+    thp_mode() not in ("always", "madvise"), reason="transparent huge pages disabled here"
+)
+def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
+    spec = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="float32")
+    cache = KVCache(spec, num_blocks=256, num_host_blocks=0, device=torch.device("cpu"))
+    pool = cache.pool
+    size = pool.numel() * pool.element_size()
+    assert size >= 8 * HUGE_PAGE
+    assert cache.pool_huge_page_bytes >= size - 2 * HUGE_PAGE
+    start = pool.data_ptr()
+    pool.zero_()  # first touch: the kernel backs the advised range with 2 MiB pages
+    # (it may fall back to 4 KiB pages where it finds no free 2 MiB ones: half is the bar)
+    assert anon_huge_kib(start, start + size) * 1024 >= cache.pool_huge_page_bytes // 2
+
+
+def test_a_device_pool_is_left_alone() -> None:
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=64, block_size=16, dtype="float32")
+    cache = KVCache(spec, num_blocks=256, num_host_blocks=0, device=torch.device("meta"))
+    assert cache.pool_huge_page_bytes == 0
