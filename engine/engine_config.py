@@ -41,6 +41,12 @@ class EngineConfig:
         None, "host (swap) KV blocks (default: from --swap-space-gb)"
     )
     swap_space_gb: float = opt(0.5, "host memory for swapped-out KV blocks, GiB")
+    kv_cache_prefault: bool = opt(
+        True,
+        "write the whole KV pool at start on the CPU: its memory is committed then, and no step "
+        "pays a page's first touch",
+        flag="--no-kv-cache-prefault",
+    )
     enable_prefix_caching: bool = opt(
         True, "reuse the KV blocks of shared prompt prefixes", flag="--no-prefix-caching"
     )

@@ -18,8 +18,15 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 class KVCache:
     def __init__(
-        self, spec: KVCacheSpec, num_blocks: int, num_host_blocks: int, device: torch.device
+        self,
+        spec: KVCacheSpec,
+        num_blocks: int,
+        num_host_blocks: int,
+        device: torch.device,
+        prefault: bool = False,
     ) -> None:
+        """``prefault``: write the whole (CPU) pool now, so its memory is committed at start
+        and no step pays a page's first touch (on huge pages, 2 MiB at a time)."""
         self.spec = spec
         dtype = _TORCH_DTYPES[spec.dtype]
         self.device = device
@@ -27,6 +34,8 @@ class KVCache:
         # Before anything touches it: a decode step's attention reads blocks scattered over
         # the whole pool, and on 4 KiB pages nearly each of those reads is a TLB miss.
         self.pool_huge_page_bytes = advise_huge_pages(self.pool)
+        if prefault and device.type == "cpu":
+            self.pool.zero_()
         pin = device.type == "cuda"
         self.host_pool = torch.empty(spec.pool_shape(num_host_blocks), dtype=dtype, pin_memory=pin)
         self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]] = [

@@ -88,7 +88,9 @@ class LLMEngine:
         )
         if num_blocks < 1:
             raise ValueError("the KV cache must hold at least one block")
-        self.kv_cache = KVCache(self.kv_spec, num_blocks, num_host, self.device)
+        self.kv_cache = KVCache(
+            self.kv_spec, num_blocks, num_host, self.device, prefault=config.kv_cache_prefault
+        )
         self.block_manager = BlockManager(
             num_blocks, config.block_size, num_host, config.enable_prefix_caching
         )

@@ -24,17 +24,23 @@ def thp_mode() -> str | None:
     return text[text.index("[") + 1 : text.index("]")]
 
 
-def anon_huge_kib(start: int, end: int) -> int:
-    """AnonHugePages (KiB) of the mappings that overlap [start, end) in /proc/self/smaps."""
+def smaps_kib(field: str, start: int, end: int) -> int:
+    """``field`` (KiB: "Rss:", "AnonHugePages:") summed over the mappings that overlap
+    [start, end) in /proc/self/smaps."""
     total, inside = 0, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo < end and hi > start
-        elif inside and head == "AnonHugePages:":
+        elif inside and head == field:
             total += int(line.split()[1])
     return total
+
+
+def small_pool(**options: object) -> KVCache:
+    spec = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="float32")
+    return KVCache(spec, num_blocks=256, num_host_blocks=0, device=torch.device("cpu"), **options)  # type: ignore[arg-type]
 
 
 def test_refuses_what_it_cannot_advise(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,8 +64,7 @@ def test_advises_the_aligned_interior() -> None:
     thp_mode() not in ("always", "madvise"), reason="transparent huge pages disabled here"
 )
 def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
-    spec = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="float32")
-    cache = KVCache(spec, num_blocks=256, num_host_blocks=0, device=torch.device("cpu"))
+    cache = small_pool()
     pool = cache.pool
     size = pool.numel() * pool.element_size()
     assert size >= 8 * HUGE_PAGE
@@ -67,7 +72,16 @@ def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
     start = pool.data_ptr()
     pool.zero_()  # first touch: the kernel backs the advised range with 2 MiB pages
     # (it may fall back to 4 KiB pages where it finds no free 2 MiB ones: half is the bar)
-    assert anon_huge_kib(start, start + size) * 1024 >= cache.pool_huge_page_bytes // 2
+    huge = smaps_kib("AnonHugePages:", start, start + size) * 1024
+    assert huge >= cache.pool_huge_page_bytes // 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
+def test_a_prefaulted_pool_is_resident_from_the_start() -> None:
+    cache = small_pool(prefault=True)
+    start, size = cache.pool.data_ptr(), cache.pool.numel() * cache.pool.element_size()
+    assert smaps_kib("Rss:", start, start + size) * 1024 >= size
+    assert not cache.pool.any()  # written with zeros
 
 
 def test_a_device_pool_is_left_alone() -> None:
