@@ -3,17 +3,27 @@ where THP is enabled: read back from /proc/self/smaps, not assumed."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine.engine_config import EngineConfig
 from engine.huge_pages import HUGE_PAGE, HUGE_PAGES_ENV, advise_huge_pages
 from engine.kv_cache import KVCache
 from engine.kv_cache_spec import KVCacheSpec
+from engine.llm_engine import LLMEngine
+from tests.conftest import TINY_ARCHS
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.fixture(scope="module")
+def llama(model_factory) -> Path:  # type: ignore[no-untyped-def]
+    return model_factory("llama", **TINY_ARCHS["llama"])
 
 
 def thp_mode() -> str | None:
@@ -76,12 +86,42 @@ def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
     assert huge >= cache.pool_huge_page_bytes // 2
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
+def resident_fraction(t: torch.Tensor) -> float:
+    """The share of ``t``'s pages that are in memory now (mincore(2): exact for the range)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = t.data_ptr() // page * page
+    end = t.data_ptr() + t.numel() * t.element_size()
+    pages = -(-(end - start) // page)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(start, end - start, vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec) / pages
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2), Linux")
+
+
+@linux_only
 def test_a_prefaulted_pool_is_resident_from_the_start() -> None:
     cache = small_pool(prefault=True)
-    start, size = cache.pool.data_ptr(), cache.pool.numel() * cache.pool.element_size()
-    assert smaps_kib("Rss:", start, start + size) * 1024 >= size
+    assert resident_fraction(cache.pool) == 1.0
     assert not cache.pool.any()  # written with zeros
+
+
+@linux_only
+def test_the_engine_prefaults_its_pool_unless_told_not_to(llama: Path) -> None:
+    # 64 MiB pools: fresh mappings of their own, never heap memory touched before.
+    options = {
+        "model": str(llama),
+        "dtype": "float32",
+        "device": "cpu",
+        "kv_cache_memory_gb": 1 / 16,
+    }
+    engine = LLMEngine(EngineConfig(**options))  # type: ignore[arg-type]
+    assert resident_fraction(engine.kv_cache.pool) == 1.0
+    lazy = LLMEngine(EngineConfig(**options, kv_cache_prefault=False))  # type: ignore[arg-type]
+    assert resident_fraction(lazy.kv_cache.pool) < 0.5  # untouched until blocks are written
 
 
 def test_a_device_pool_is_left_alone() -> None:
