@@ -101,15 +101,13 @@ class RedisStore:
         others were most likely closed too), and a ``repeatable`` call (a read, or a write
         whose second run changes nothing more) is made once more, on a fresh connection; any
         other call fails once and the caller's next one goes through."""
-        attempts = 2 if repeatable else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return await call_once(make(), self.url)
-            except ConnectionLost:
-                await self._drop_idle_connections()
-                if attempt == attempts:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return await call_once(make(), self.url)
+        except ConnectionLost:
+            await self._drop_idle_connections()
+            if not repeatable:
+                raise
+        return await self._run(make)  # the one repeat, itself not repeated
 
     async def _drop_idle_connections(self) -> None:
         for client in (self._redis, self._blocking):

@@ -34,7 +34,8 @@ def advise_huge_pages(t: torch.Tensor) -> int:
     or when madvise refuses).
 
     Only pages not yet touched are affected: call it on a fresh ``torch.empty``, before
-    anything writes to it."""
+    anything writes to it. Buffers above glibc's mmap threshold (at most 32 MiB), as KV pools
+    are, are always fresh mappings; a smaller one may be heap memory touched before."""
     if not sys.platform.startswith("linux") or t.device.type != "cpu":
         return 0
     if os.environ.get(HUGE_PAGES_ENV, "1") == "0":

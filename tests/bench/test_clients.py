@@ -18,6 +18,7 @@ from pdserve.bench.openai_client import OpenAIClient
 from pdserve.bench.records import CANCELLED, FAILED, OK
 from pdserve.bench.server_launch import is_ready, launched_server
 from pdserve.bench.workload import BenchRequest
+from tests.sockets import free_port
 
 
 def sse(events: list[dict[str, Any] | str]) -> list[bytes]:
@@ -156,11 +157,7 @@ def test_unreachable_server_is_a_failed_record() -> None:
 
 
 def test_launched_server_waits_for_ready_and_stops_it(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "models").write_text("{}")
     url = f"http://127.0.0.1:{port}/v1"

@@ -34,23 +34,30 @@ def thp_mode() -> str | None:
     return text[text.index("[") + 1 : text.index("]")]
 
 
-def smaps_kib(field: str, start: int, end: int) -> int:
-    """``field`` (KiB: "Rss:", "AnonHugePages:") summed over the mappings that overlap
-    [start, end) in /proc/self/smaps."""
+def anon_huge_kib(start: int, end: int) -> int:
+    """AnonHugePages (KiB) of the mappings that overlap [start, end) in /proc/self/smaps."""
     total, inside = 0, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo < end and hi > start
-        elif inside and head == field:
+        elif inside and head == "AnonHugePages:":
             total += int(line.split()[1])
     return total
 
 
-def small_pool(**options: object) -> KVCache:
+def small_pool(prefault: bool = False) -> KVCache:
+    """A 64 MiB pool: above glibc's largest mmap threshold (32 MiB), so it is always a fresh
+    mapping. A smaller one may come from heap memory an earlier test already touched, on 4 KiB
+    pages, which no advice changes (it did, in a worker that had run other tests first)."""
     spec = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="float32")
-    return KVCache(spec, num_blocks=256, num_host_blocks=0, device=torch.device("cpu"), **options)  # type: ignore[arg-type]
+    return KVCache(spec, 1024, 0, torch.device("cpu"), prefault=prefault)
+
+
+# madvise(2) and mincore(2) are Linux calls; elsewhere advise_huge_pages advises nothing and
+# returns 0, which test_refuses_what_it_cannot_advise covers on every platform.
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux system calls")
 
 
 def test_refuses_what_it_cannot_advise(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +67,7 @@ def test_refuses_what_it_cannot_advise(monkeypatch: pytest.MonkeyPatch) -> None:
     assert advise_huge_pages(torch.empty(1 << 22)) == 0
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux")
+@linux_only
 def test_advises_the_aligned_interior() -> None:
     t = torch.empty(5 * HUGE_PAGE // 4 + 123)  # 5 huge pages of bytes, start unaligned
     advised = advise_huge_pages(t)
@@ -71,7 +78,9 @@ def test_advises_the_aligned_interior() -> None:
 
 
 @pytest.mark.skipif(
-    thp_mode() not in ("always", "madvise"), reason="transparent huge pages disabled here"
+    thp_mode() not in ("always", "madvise"),
+    reason="the kernel's transparent huge pages are off here ('never' or absent): madvise is "
+    "accepted but no huge page is given (CI machines run 'madvise')",
 )
 def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
     cache = small_pool()
@@ -82,7 +91,7 @@ def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
     start = pool.data_ptr()
     pool.zero_()  # first touch: the kernel backs the advised range with 2 MiB pages
     # (it may fall back to 4 KiB pages where it finds no free 2 MiB ones: half is the bar)
-    huge = smaps_kib("AnonHugePages:", start, start + size) * 1024
+    huge = anon_huge_kib(start, start + size) * 1024
     assert huge >= cache.pool_huge_page_bytes // 2
 
 
@@ -97,9 +106,6 @@ def resident_fraction(t: torch.Tensor) -> float:
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     assert libc.mincore(start, end - start, vec) == 0, ctypes.get_errno()
     return sum(b & 1 for b in vec) / pages
-
-
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2), Linux")
 
 
 @linux_only

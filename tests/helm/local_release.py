@@ -3,8 +3,6 @@ to the ports of the pods they select, started together as a Deployment rollout w
 
 from __future__ import annotations
 
-import random
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,33 +11,7 @@ from typing import Any
 from tests.helm.chart import NAMESPACE, by_kind, workloads
 from tests.helm.local_pod import Cluster, LocalPod
 from tests.helm.probes import ProbeResult, wait_probes
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
-    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    return int(path.read_text().split()[0]) if path.exists() else 32768
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that are free now, drawn below the ephemeral range. A port from
-    ``bind(0)`` is an ephemeral one, and between this call and the pod binding it any outgoing
-    connection on the machine may be given it (a decode pod's metrics port was, in a fresh CI
-    run: "Address already in use"); below the range only another listener can take it."""
-    low = _ephemeral_low()
-    draw = random.SystemRandom()
-    ports: list[int] = []
-    while len(ports) < n:
-        port = draw.randrange(max(1024, low - 12_000), low)
-        if port in ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
+from tests.sockets import free_ports
 
 
 def port_values() -> dict[str, Any]:

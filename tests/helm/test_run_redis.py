@@ -17,10 +17,11 @@ import pytest
 from control_plane.redis_store import RedisStore
 from tests.helm.chart import containers, example_values, objects, render
 from tests.helm.local_pod import LOOPBACK
-from tests.helm.local_release import LocalRelease, free_ports, port_values
+from tests.helm.local_release import LocalRelease, port_values
 from tests.helm.probes import run_probe, wait_probe
 from tests.helm.test_run_chart import N, _grpc_generate, _tokenize
 from tests.hf_oracle import hf_greedy
+from tests.sockets import free_ports
 
 pytestmark = [
     pytest.mark.timeout(300),

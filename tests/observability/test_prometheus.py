@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from tests.observability.assets import (
     variable_queries,
 )
 from tests.router.server_harness import Server, start_server
+from tests.sockets import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -47,12 +47,6 @@ VARIABLES = {
     "datasource": "prometheus",
 }
 NUM_OK = 8  # requests that finish with reason "length"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker_metrics(server: Server, role: str) -> str:
@@ -132,7 +126,7 @@ def prometheus(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
         ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             PROMETHEUS,

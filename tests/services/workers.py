@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,15 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdserve.launch import wait_healthy
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
+from tests.sockets import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 300.0  # generous: the machine may be shared and loaded
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
