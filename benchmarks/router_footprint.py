@@ -22,14 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pdserve.launch import start_worker, stop_workers, wait_healthy  # noqa: E402
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from pdserve.ports import free_port  # noqa: E402
 
 
 def _mem_mib(pid: int) -> tuple[float, float]:
@@ -48,7 +41,7 @@ def main() -> int:
     from engine.demo_model import demo_model_path
 
     model = a.model or str(demo_model_path())
-    ports = {"decode": _free_port(), "prefill": _free_port()}
+    ports = {"decode": free_port(), "prefill": free_port()}
     extra = {"decode": ["--kv-transport", "tcp"], "prefill": []}
     procs = [
         start_worker(role, model, port, [*extra[role], "--metrics-port", "-1"], None)

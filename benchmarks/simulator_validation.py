@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from pdserve.bench.config import load_config  # noqa: E402
 from pdserve.bench.metrics import Summary  # noqa: E402
 from pdserve.plan.sim_config import SimConfig  # noqa: E402
 from pdserve.plan.simulate import load_profiles, simulate  # noqa: E402
+from pdserve.ports import free_port  # noqa: E402
 
 MODEL = Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32"
 
@@ -69,12 +69,6 @@ SHAPES: dict[str, tuple[list[int], list[int], list[dict[str, Any]]]] = {
     "2P1D": ([0, 1], [1], [{"cores": 1, "workers": ["prefill-1", "decode-0"]}]),
     "colocated": ([], [0], []),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:

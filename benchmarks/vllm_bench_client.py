@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pdserve.ports import free_port  # noqa: E402
 
 _CLIENT = """
 import sys
@@ -36,12 +38,6 @@ parser = FlexibleArgumentParser()
 serve.add_cli_args(parser)
 serve.main(parser.parse_args(sys.argv[1:]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_healthy(url: str, timeout_s: float) -> None:
@@ -71,7 +67,7 @@ def main() -> int:
     from engine.demo_model import demo_model_path
 
     model = str(demo_model_path())
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "pdserve", "serve", "--http-port", str(port), "--grpc-port", "0"]
     if a.colocated:
         cmd.append("--colocated")

@@ -31,8 +31,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.offline_throughput import DEFAULT_MODEL_DIR  # noqa: E402
-from benchmarks.vllm_bench_client import _CLIENT, _free_port  # noqa: E402
+from benchmarks.vllm_bench_client import _CLIENT  # noqa: E402
 from benchmarks.workloads import ensure_model_folder  # noqa: E402
+from pdserve.ports import free_port  # noqa: E402
 
 SERVERS = ("pdserve-colocated", "pdserve", "vllm")
 NAME = "bench-model"
@@ -106,7 +107,7 @@ def run_client(a: argparse.Namespace, url: str, model: str, results: str, name: 
 
 
 def measure(a: argparse.Namespace, kind: str, model: str, results: str) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     cmd = server_command(kind, model, port, a.vllm_python, a.kv_cache_gib)
     log = Path(results) / f"{kind}.log"
     with log.open("wb") as out:

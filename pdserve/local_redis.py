@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pdserve.ports import free_port
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+class _ExitedAtStart(RuntimeError):
+    pass
 
 
 class RedisServer:
@@ -31,14 +31,28 @@ class RedisServer:
             )
         self.exe = exe
         self.workdir = workdir
-        self.port = port or _free_port()
+        self.port = port or free_port()
+        self._drawn = port is None  # our own draw: on a clash, start draws another
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self, timeout_s: float = 10.0, attempts: int = 3) -> None:
+        """Start and wait for PING. When the port was drawn here (none given) and the server
+        exits at once (another listener took the port meanwhile), a new port is drawn, up to
+        ``attempts`` starts; a restart keeps the port it has."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout_s)
+                return
+            except _ExitedAtStart:
+                if not self._drawn or attempt == attempts:
+                    raise
+                self.port = free_port()
+
+    def _start_once(self, timeout_s: float) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [
@@ -64,7 +78,9 @@ class RedisServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+                raise _ExitedAtStart(
+                    f"redis-server on port {self.port} exited with {self.proc.returncode}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
@@ -84,6 +100,7 @@ class RedisServer:
     def restart(self) -> None:
         """Stop and start again on the same port, empty (no persistence)."""
         self.stop()
+        self._drawn = False  # clients hold this port now
         self.start()
 
     def pause(self) -> None:

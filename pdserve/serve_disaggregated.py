@@ -12,7 +12,6 @@ its workers, and the workers ``pdserve serve`` starts.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.options import config_to_argv, engine_config_from_args
+from pdserve.ports import free_port
 
 RunRouter = Callable[[argparse.Namespace, Any, str, Callable[[], None] | None], int]
 
@@ -192,8 +192,4 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
 
 
 def _port_or_free(host: str, port: int) -> int:
-    if port:
-        return port
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return port or free_port(host)

@@ -5,44 +5,24 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import random
-import socket
 from pathlib import Path
+
+from pdserve import ports
 
 _LISTEN = "0A"
 
 
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
-    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    return int(path.read_text().split()[0]) if path.exists() else 32768
-
-
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that are free now, drawn below the ephemeral range, for a process
-    the test starts to listen on. A port from ``bind(0)`` is an ephemeral one, and between this
-    call and the process binding it any outgoing connection on the machine may be given it (a
-    chart test's decode pod lost its metrics port so, in a fresh CI run: "Address already in
-    use"); below the range only another listener can take it."""
-    low = _ephemeral_low()
-    draw = random.SystemRandom()
-    ports: list[int] = []
-    while len(ports) < n:
-        port = draw.randrange(max(1024, low - 12_000), low)
-        if port in ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
+    """``n`` distinct ports that are free now, for processes the test starts to listen on:
+    pdserve's own draw (``pdserve.ports``), below the kernel's ephemeral range. A port from
+    ``bind(0)`` is an ephemeral one, and between this call and the process binding it any
+    outgoing connection on the machine may be given it (a chart test's decode pod lost its
+    metrics port so, in a fresh CI run: "Address already in use")."""
+    return ports.free_ports(n)
 
 
 def free_port() -> int:
-    (port,) = free_ports(1)
-    return port
+    return ports.free_port()
 
 
 def _socket_inodes(pid: int) -> set[str]:
