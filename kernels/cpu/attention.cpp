@@ -297,7 +297,9 @@ inline void online_softmax(float* S, int ld, int rows, int nk, int t0, bool all_
       continue;
     }
     const float m_new = std::max(sc.m[rr], block_max);
-    const float corr = std::exp(sc.m[rr] - m_new);  // exp(-inf) = 0 on the first block
+    // exp(-inf) = 0 on the first block; once the running max holds (most blocks), exp(0) = 1
+    // needs no call.
+    const float corr = m_new == sc.m[rr] ? 1.0f : std::exp(sc.m[rr] - m_new);
     vf sum = vf{};
     const vf mv = splat(m_new);
     for (int j = 0; j < nk_pad; j += W) {
