@@ -78,8 +78,7 @@ if phases:
     result["gemms_s"] = sum(per_step[n] for n in ("qkv", "o", "gate_up", "down"))
     result["attention_s"] = per_step["attention"]
     result["store_kv_s"] = per_step["store_kv"]
-    # silu_mul: a phase of its own before the gate_up GEMM's threads did it (linear_silu_mul)
-    result["pointwise_s"] = sum(per_step.get(n, 0.0) for n in ("norms", "rotary", "silu_mul"))
+    result["pointwise_s"] = sum(per_step[n] for n in ("norms", "rotary", "silu_mul"))
 print("RESULT " + json.dumps(result))
 """
 

@@ -113,59 +113,41 @@ void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float
   });
 }
 
-namespace {
-
-// The order a call visits its panels in, by position s = 0 .. count-1: panel s itself (plain),
-// or gate/up pairs, gate panel s / 2 and then its up panel `half` panels further on.
-struct PanelOrder {
-  int64_t half = 0;  // 0: plain
-  int64_t panel(int64_t s) const { return half == 0 ? s : s / 2 + (s % 2) * half; }
-  int64_t group() const { return half == 0 ? 1 : 2; }
-};
-
-// The GEMM over `positions` panels visited in `order`; after each group of positions (a panel,
-// or a gate/up pair) has its columns for rows [m0, m1), the same thread calls
-// after(group, m0, m1) while they are in its cache.
-template <typename After>
-void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
-                int64_t n, int64_t positions, PanelOrder order, const float* bias, float* y,
-                int64_t ldy, int num_threads, const After& after) {
+void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
+                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
+  const int64_t panels = (n + NB - 1) / NB;
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
   const int64_t mc_size = m <= 2 * kMC ? m : kMC;
   const MicroKernel* kernels = kernels_by_rows();
-  const int64_t group = order.group(), groups = positions / group;
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, groups)));
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
   // Panels go out in chunks, dynamically: on a shared machine a thread that loses its core
   // for a while takes fewer chunks instead of holding everyone at the end of the call.
-  const int64_t chunk = std::max<int64_t>(1, groups / (8 * threads)) * group;  // positions
-  const int64_t num_chunks = (positions + chunk - 1) / chunk;
-  const auto slice_of = [&](int64_t s) { return packed + order.panel(s) * k * NB; };
+  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
+  const int64_t num_chunks = (panels + chunk - 1) / chunk;
   // A thread claims its next chunk before it runs the current one, so the current chunk's last
   // slice prefetches the next chunk's first (at decode sizes a chunk of the smaller
   // projections is one panel with K in one block: nothing of theirs would be prefetched).
   parallel_for_dynamic(num_chunks, threads, [&](int64_t ch, int64_t following) {
-    const float* following_first = following < num_chunks ? slice_of(following * chunk) : nullptr;
-    const int64_t s_begin = ch * chunk, s_end = std::min(positions, s_begin + chunk);
+    const float* following_first =
+        following < num_chunks ? packed + following * chunk * k * NB : nullptr;
+    const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
     for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
       const int64_t m1 = std::min(m, m0 + mc_size);
-      for (int64_t s = s_begin; s < s_end; ++s) {
-        const int64_t p = order.panel(s);
+      for (int64_t p = p_begin; p < p_end; ++p) {
         const int nvalid = static_cast<int>(std::min<int64_t>(NB, n - p * NB));
         const float* b = bias != nullptr ? bias + p * NB : nullptr;
         for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
           const int kc = static_cast<int>(std::min(kc_size, k - k0));
           const float* panel = packed + p * k * NB + k0 * NB;
-          // The weights stream on: the next kc x NB slice (the next K block or the next panel
-          // in the order; after the chunk's last slice, the next chunk's first, once the last
+          // The weights stream on: the next kc x NB slice (the next K block or the next panel,
+          // contiguous; after the chunk's last slice, the next chunk's first, once the last
           // row block is through) is prefetched while this one is multiplied, its lines shared
           // out over the row blocks, so its fetch overlaps their arithmetic (the hardware
           // prefetcher only follows demand misses, and the row blocks after the first miss
           // nothing).
-          const bool last = s + 1 == s_end && k0 + kc >= k;
-          const float* next = last        ? (m1 == m ? following_first : nullptr)
-                              : k0 + kc < k ? panel + kc * NB
-                                            : slice_of(s + 1);
+          const bool last = p + 1 == p_end && k0 + kc >= k;
+          const float* next = last ? (m1 == m ? following_first : nullptr) : panel + kc * NB;
           const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
           const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
           const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
@@ -179,42 +161,9 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const float* 
                           k0 == 0, b, pf + first * 64, std::min(n_pf, kc));
           }
         }
-        if ((s + 1) % group == 0) after(s / group, m0, m1);
       }
     }
   });
-}
-
-}  // namespace
-
-void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
-                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
-  run_panels(x, m, k, ldx, packed, n, (n + NB - 1) / NB, PanelOrder{}, bias, y, ldy,
-             num_threads, [](int64_t, int64_t, int64_t) {});
-}
-
-bool linear_silu_mul_fits(int64_t inter) { return inter > 0 && inter % NB == 0; }
-
-void linear_packed_silu_mul(const float* x, int64_t m, int64_t k, int64_t ldx,
-                            const float* packed, int64_t inter, float* gate_up, int64_t ldg,
-                            float* out, int64_t ldo, int num_threads) {
-  const int64_t half = inter / NB;
-  // Columns [j * NB, (j + 1) * NB) of gate and of up, then of the output: the float path of
-  // silu_mul (elementwise.cpp), the same operations in the same order, so the same bits.
-  const auto silu_mul_cols = [&](int64_t j, int64_t m0, int64_t m1) {
-    for (int64_t r = m0; r < m1; ++r) {
-      const float* g = gate_up + r * ldg + j * NB;
-      float* o = out + r * ldo + j * NB;
-#pragma GCC unroll 2
-      for (int c = 0; c < NB; c += W) {
-        const vf gv = load(g + c);
-        const vf act = gv / (splat(1.0f) + vexp(-gv));
-        store(o + c, act * load(g + inter + c));
-      }
-    }
-  };
-  run_panels(x, m, k, ldx, packed, 2 * inter, 2 * half, PanelOrder{half}, nullptr, gate_up,
-             ldg, num_threads, silu_mul_cols);
 }
 
 }  // namespace pdcpu

@@ -57,14 +57,6 @@ void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float
 // y[M, N] = x[M, K] @ W^T (+ bias), W packed by pack_linear_weight.
 void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
                    int64_t n, const float* bias, float* y, int64_t ldy, int num_threads);
-// out[M, inter] = silu(gate) * up of the gate_up projection (W packed from [2 * inter, K], gate
-// rows first), each pair of gate and up panels multiplied in turn and finished by the thread
-// that has them in cache; gate_up[M, 2 * inter] receives the projection itself. Needs
-// linear_silu_mul_fits(inter) (whole panels on each side).
-bool linear_silu_mul_fits(int64_t inter);
-void linear_packed_silu_mul(const float* x, int64_t m, int64_t k, int64_t ldx,
-                            const float* packed, int64_t inter, float* gate_up, int64_t ldg,
-                            float* out, int64_t ldo, int num_threads);
 
 // ---- elementwise.cpp ------------------------------------------------------------------------
 // out = weight * (x / sqrt(mean(x^2) + eps)), computed in float32 (HF's RMSNorm); when

@@ -237,28 +237,6 @@ Tensor silu_mul(const Tensor& gate_up) {
   return out;
 }
 
-// silu(gate) * up of x's gate_up projection, the SiLU·mul done by the GEMM's threads as each
-// pair of gate and up panels is finished (kernels.h); linear then silu_mul where the
-// intermediate size is not whole panels. The same bits either way.
-Tensor linear_silu_mul(const Tensor& x, const Tensor& gate_up_packed, int64_t intermediate) {
-  if (!pdcpu::linear_silu_mul_fits(intermediate)) {
-    return silu_mul(linear(x, gate_up_packed, 2 * intermediate, std::nullopt));
-  }
-  check_last_contiguous(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && gate_up_packed.is_contiguous() &&
-                  gate_up_packed.dim() == 3 && gate_up_packed.size(1) == x.size(1) &&
-                  gate_up_packed.size(2) * gate_up_packed.size(0) == 2 * intermediate,
-              "pdserve_cpu.linear_silu_mul: x must be float32 [rows, in] and gate_up_packed "
-              "[panels, in, nb] for 2 x ", std::to_string(intermediate), " outputs");
-  Tensor gate_up = at::empty({x.size(0), 2 * intermediate}, x.options());
-  Tensor out = at::empty({x.size(0), intermediate}, x.options());
-  pdcpu::linear_packed_silu_mul(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                                gate_up_packed.data_ptr<float>(), intermediate,
-                                gate_up.data_ptr<float>(), gate_up.stride(0),
-                                out.data_ptr<float>(), out.stride(0), at::get_num_threads());
-  return out;
-}
-
 Tensor argmax(const Tensor& logits) {
   check_last_contiguous(logits, "logits");
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) > 0,
@@ -320,8 +298,10 @@ std::tuple<Tensor, Tensor> decoder_layer(
   clock.lap(Phase::kO);
   const Tensor h2 = add_rms_norm(residual, o, post_norm, eps);
   clock.lap(Phase::kNorms);
-  const Tensor act = linear_silu_mul(h2, gate_up_packed, intermediate);
+  const Tensor gate_up = linear(h2, gate_up_packed, 2 * intermediate, std::nullopt);
   clock.lap(Phase::kGateUp);
+  const Tensor act = silu_mul(gate_up);
+  clock.lap(Phase::kSiluMul);
   Tensor out = linear(act, down_packed, hidden, std::nullopt);
   clock.lap(Phase::kDown);
   return {out, residual};
@@ -409,8 +389,6 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor positions) -> ()",
         &rotary_);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
-  m.def("linear_silu_mul(Tensor x, Tensor gate_up_packed, int intermediate) -> Tensor",
-        &linear_silu_mul);
   m.def("argmax(Tensor logits) -> Tensor", &argmax);
   m.def(
       "decoder_layers(Tensor(a!) x, Tensor[] input_norms, Tensor[] post_norms, float eps, "

@@ -92,27 +92,3 @@ def test_silu_mul(dtype, rows):
     want = F.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
     tol = 1e-6 if dtype == torch.float32 else 0.0
     torch.testing.assert_close(ops.silu_mul(gate_up), want, atol=tol, rtol=tol)
-
-
-@pytest.mark.parametrize(
-    ("m", "k", "inter"),
-    [
-        (1, 576, 1536),  # decode, the benchmark model's gate_up
-        (18, 576, 1536),
-        (200, 96, 64),  # a row block at prefill sizes, two panels a side
-        (400, 100, 96),  # two row blocks, the last partial
-        (7, 1600, 32),  # K in blocks (partial sums kept in gate_up), one panel a side
-        (5, 64, 48),  # not whole panels a side: linear, then silu_mul
-    ],
-)
-def test_linear_silu_mul_is_linear_then_silu_mul_bit_for_bit(m, k, inter):
-    ops = cpu_ops()
-    x, w = torch.randn(m, k), torch.randn(2 * inter, k)
-    packed = ops.pack_linear_weight(w)
-    got = ops.linear_silu_mul(x, packed, inter)
-    assert got.shape == (m, inter)
-    assert torch.equal(got, ops.silu_mul(ops.linear(x, packed, 2 * inter, None)))
-    gate, up = F.linear(x.double(), w.double()).split(inter, dim=-1)
-    torch.testing.assert_close(got.double(), F.silu(gate) * up, atol=1e-4 * k**0.5, rtol=1e-4)
-    with pytest.raises(RuntimeError, match="packed"):
-        ops.linear_silu_mul(x, ops.pack_linear_weight(torch.randn(2 * inter + 64, k)), inter)
