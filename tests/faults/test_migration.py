@@ -15,7 +15,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from tests.faults.cluster import start_cluster
+from tests.faults.cluster import Cluster, start_cluster
 from tests.faults.migration_mix import (
     MAX_TOKENS,
     assert_same,
@@ -29,6 +29,16 @@ from tests.hf_oracle import hf_greedy
 AVOID_FAILED_S = 5.0  # router.disaggregated_backend: a worker that lost a request is avoided
 
 STALL_S = 6.0  # decode heartbeats every ~1 s; generous for a loaded 2-core machine
+
+
+def busier(cluster: Cluster) -> int:
+    """The decode worker holding more running streams now. kv_aware sends a prompt back where
+    its prefix is cached, so where a run's streams land follows earlier runs' placement: a
+    fault aimed at a fixed worker may find it holding none."""
+    loads = [w.load() for w in cluster.decode]
+    i = max(range(len(loads)), key=lambda j: loads[j].num_running_requests)
+    assert loads[i].num_running_requests, loads
+    return i
 
 
 def test_decode_stall_and_drain_and_prefill_death_migrate_every_stream(llama: Path) -> None:
@@ -48,18 +58,27 @@ def test_decode_stall_and_drain_and_prefill_death_migrate_every_stream(llama: Pa
         expected, stop = uninterrupted(cluster, llama)
         reqs = mix(stop)
 
-        # SIGSTOP decode 0 mid-decode: its streams stall, then continue on decode 1.
+        # SIGSTOP the decode worker that holds more streams, mid-decode: they stall, then
+        # continue on the other. (kv_aware sends a prompt back where its prefix is cached, so
+        # where the streams land follows earlier runs' placement: a fixed worker may hold none.)
+        stalled: list[int] = []
+
+        def pause_the_busier() -> None:
+            stalled.append(busier(cluster))
+            cluster.decode[stalled[0]].pause()
+
         try:
-            got = asyncio.run(run_mix(cluster, reqs, cluster.decode[0].pause))
+            got = asyncio.run(run_mix(cluster, reqs, pause_the_busier))
         finally:
-            cluster.decode[0].resume()
+            for i in stalled:
+                cluster.decode[i].resume()
         assert_same(got, expected, cluster)
         assert migrations(cluster).get(("decode", "stall"), 0) >= 1, migrations(cluster)
         cluster.wait_pools_free()
 
-        # SIGTERM decode 1 mid-decode: after --drain-migrate-after-s its streams move to
-        # decode 0 (back in routing once it answers again and the router's avoidance of a
-        # worker that lost a request has passed).
+        # SIGTERM the busier decode worker mid-decode: after --drain-migrate-after-s its
+        # streams move to the other (the stalled one is back in routing once it answers again
+        # and the router's avoidance of a worker that lost a request has passed).
         time.sleep(AVOID_FAILED_S + 1)
         deadline = time.monotonic() + 30
         while cluster.router.health()["load"]["num_blocks"] < sum(
@@ -68,10 +87,16 @@ def test_decode_stall_and_drain_and_prefill_death_migrate_every_stream(llama: Pa
             assert time.monotonic() < deadline, "decode 0 did not rejoin routing"
             time.sleep(0.2)
         before = migrations(cluster).get(("decode", "drain"), 0)
-        got = asyncio.run(run_mix(cluster, reqs, lambda: cluster.decode[1].proc.terminate()))
+        drained: list[int] = []
+
+        def terminate_the_busier() -> None:
+            drained.append(busier(cluster))
+            cluster.decode[drained[0]].proc.terminate()
+
+        got = asyncio.run(run_mix(cluster, reqs, terminate_the_busier))
         assert_same(got, expected, cluster)
         assert migrations(cluster).get(("decode", "drain"), 0) > before, migrations(cluster)
-        assert cluster.decode[1].proc.wait(30) == 0
+        assert cluster.decode[drained[0]].proc.wait(30) == 0
         cluster.wait_pools_free()
 
         # kill -9 a prefill worker while it holds prefills (stopped first, so they wait there).
@@ -99,13 +124,8 @@ def test_decode_death_migrates_and_no_worker_left_is_a_clear_error(llama: Path) 
         killed: list[int] = []
 
         def kill_the_busier() -> None:
-            # kv_aware sends a prompt back where its prefix is cached: where the streams
-            # landed follows the first run's placement, so kill the worker that holds more.
-            loads = [w.load() for w in cluster.decode]
-            i = max(range(len(loads)), key=lambda j: loads[j].num_running_requests)
-            assert loads[i].num_running_requests, loads
-            killed.append(i)
-            cluster.decode[i].kill()
+            killed.append(busier(cluster))
+            cluster.decode[killed[0]].kill()
 
         got = asyncio.run(run_mix(cluster, reqs, kill_the_busier))
         assert_same(got, expected, cluster)
