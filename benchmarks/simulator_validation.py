@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,155 +37,36 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.simulator_real_runs import MODEL, SHAPES, read_summary, run_benches, run_real  # noqa: E402
 from pdserve.bench.config import load_config  # noqa: E402
-from pdserve.bench.metrics import Summary  # noqa: E402
 from pdserve.plan.sim_config import SimConfig  # noqa: E402
 from pdserve.plan.simulate import load_profiles, simulate  # noqa: E402
-from pdserve.ports import free_port  # noqa: E402
-
-MODEL = Path.home() / ".cache" / "pdserve" / "bench" / "smollm2-135m-shape-random-fp32"
 
 WORKLOAD = {
-    "workload": {"num_requests": 16, "prompt_len": "uniform:32:192",
-                 "output_len": "uniform:8:32", "seed": 0},
+    "workload": {
+        "num_requests": 16,
+        "prompt_len": "uniform:32:192",
+        "output_len": "uniform:8:32",
+        "seed": 0,
+    },
     "load": {"kind": "open", "rates": [0.25], "warmup_requests": 2},
 }
 
 # Calibration: the same shape of load, other requests; and a one-token probe.
 CAL_WORKLOAD = {**WORKLOAD, "workload": {**WORKLOAD["workload"], "seed": 1}}
 PROBE = {
-    "workload": {"num_requests": 9, "prompt_len": "uniform:32:64", "output_len": "uniform:1:1",
-                 "seed": 2},
+    "workload": {
+        "num_requests": 9,
+        "prompt_len": "uniform:32:64",
+        "output_len": "uniform:1:1",
+        "seed": 2,
+    },
     "load": {"kind": "closed", "concurrency": [1], "warmup_requests": 1},
 }
 CALIBRATED_BY = {"1P1D": "1P1D", "1P2D": "1P1D", "2P1D": "1P1D", "colocated": "colocated"}
 
-# name -> (prefill cpus, decode cpus, core groups for the simulation)
-SHAPES: dict[str, tuple[list[int], list[int], list[dict[str, Any]]]] = {
-    "1P1D": ([0], [1], []),
-    "1P2D": ([0], [1, 1], [{"cores": 1, "workers": ["decode-0", "decode-1"]}]),
-    "2P1D": ([0, 1], [1], [{"cores": 1, "workers": ["prefill-1", "decode-0"]}]),
-    "colocated": ([], [0], []),
-}
 
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-
-
-def _start(cmd: list[str], cpus: list[int], log: Path) -> subprocess.Popen[bytes]:
-    out = log.open("wb")
-    return subprocess.Popen(["taskset", "-c", ",".join(map(str, cpus)), *cmd], env=_env(),
-                            stdout=out, stderr=subprocess.STDOUT)
-
-
-def _wait_http(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("router not healthy")
-
-
-def run_real(name: str, config_path: Path, out: Path) -> Summary:
-    """Start the shape's processes, run ``pdserve bench``, stop them."""
-    return run_benches(name, [(name, config_path)], out)[name]
-
-
-def run_benches(name: str, benches: list[tuple[str, Path]], out: Path) -> dict[str, Summary]:
-    """Start shape ``name``'s processes, run ``pdserve bench`` with each (label, config) in
-    turn (results in ``out/real-LABEL``), scrape every worker's /metrics into the last
-    one's folder, stop them."""
-    from pdserve.launch import wait_healthy
-
-    prefill_cpus, decode_cpus, _ = SHAPES[name]
-    procs: list[subprocess.Popen[bytes]] = []
-    http = free_port()
-    metrics: dict[str, list[str]] = {"prefill": [], "decode": []}
-    py = [sys.executable, "-m", "pdserve.cli"]
-    try:
-        if name == "colocated":
-            procs.append(_start([*py, "serve", "--colocated", "--model", str(MODEL),
-                                 "--grpc-port", "0", "--http-port", str(http)],
-                                decode_cpus, out / f"{name}-serve.log"))
-            metrics["decode"].append(f"http://127.0.0.1:{http}/metrics")
-        else:
-            targets: dict[str, list[str]] = {"prefill": [], "decode": []}
-            for role, cpus_list in (("decode", decode_cpus), ("prefill", prefill_cpus)):
-                for i, cpu in enumerate(cpus_list):
-                    port = free_port()
-                    mport = free_port()
-                    metrics[role].append(f"http://127.0.0.1:{mport}/metrics")
-                    extra = ["--metrics-port", str(mport)]
-                    if role == "decode":
-                        extra += ["--kv-transport", "tcp", "--kv-port", str(free_port())]
-                    else:
-                        extra += ["--max-num-batched-tokens", "4096"]
-                    p = _start([*py, role, "--port", str(port), "--model", str(MODEL), *extra],
-                               [cpu], out / f"{name}-{role}-{i}.log")
-                    procs.append(p)
-                    wait_healthy(f"127.0.0.1:{port}", p, 300)
-                    targets[role].append(f"127.0.0.1:{port}")
-            cmd = [*py, "router", "--model", str(MODEL), "--grpc-port", "0",
-                   "--http-port", str(http)]
-            for t in targets["prefill"]:
-                cmd += ["--prefill", t]
-            for t in targets["decode"]:
-                cmd += ["--decode", t]
-            procs.append(_start(cmd, [0, 1], out / f"{name}-router.log"))
-        _wait_http(http, procs[-1])
-        summaries = {}
-        for label, config_path in benches:
-            res = out / f"real-{label}"
-            subprocess.run([*py, "bench", "--url", f"http://127.0.0.1:{http}/v1", "--config",
-                            str(config_path), "--out", str(res)], env=_env(), check=True,
-                           stdout=subprocess.DEVNULL)
-            summaries[label] = _summary(res / "results.json")
-        from pdserve.plan.calibrate import fetch_metrics
-
-        scraped = {role: [fetch_metrics(u) for u in urls] for role, urls in metrics.items()}
-        (res / "metrics.json").write_text(json.dumps(scraped), encoding="utf-8")
-        return summaries
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def _summary(path: Path) -> Summary:
-    from pdserve.bench.metrics import summarize
-    from pdserve.bench.records import RequestRecord
-
-    data = json.loads(path.read_text(encoding="utf-8"))
-    p = data["points"][0]
-    records = [RequestRecord.from_json(r) for r in p["records"]]
-    return summarize(records, float(p["summary"]["duration_s"]), _slo())
-
-
-def _slo() -> Any:
-    from pdserve.bench.metrics import Slo
-
-    return Slo()
-
-
-def pool_factors(name: str, profile: str, out: Path, label: str | None = None
-                 ) -> dict[str, float]:
+def pool_factors(name: str, profile: str, out: Path, label: str | None = None) -> dict[str, float]:
     """Per pool: the real workers' mean step time (their /metrics step histograms, scraped
     into ``out/real-LABEL``) over the profile's prediction at their mean step shape
     (``pdserve plan calibrate metrics``)."""
@@ -229,9 +108,12 @@ def rescaled_profiles(profile: str, factors: dict[str, float], out: Path) -> dic
 
 def write_config(path: Path, d: dict[str, Any]) -> Path:
     path.write_text(
-        "[workload]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d["workload"].items())
-        + "[load]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d["load"].items()),
-        encoding="utf-8")
+        "[workload]\n"
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d["workload"].items())
+        + "[load]\n"
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d["load"].items()),
+        encoding="utf-8",
+    )
     load_config(path)
     return path
 
@@ -248,39 +130,59 @@ def calibrate(name: str, profile: str, out: Path, sim_only: bool) -> dict[str, A
 
     probe, load = f"cal-{name}-probe", f"cal-{name}-load"
     if not sim_only:
-        run_benches(name, [(probe, write_config(out / "probe.toml", PROBE)),
-                           (load, write_config(out / "cal.toml", CAL_WORKLOAD))], out)
+        run_benches(
+            name,
+            [
+                (probe, write_config(out / "probe.toml", PROBE)),
+                (load, write_config(out / "cal.toml", CAL_WORKLOAD)),
+            ],
+            out,
+        )
     factors = pool_factors(name, profile, out, label=load)
     pools = rescaled_profiles(profile, factors, out)
     trace = out / f"real-{probe}" / "results.json"
     config = sim_config(name, profile, trace, pools, workload=PROBE)
     sim = simulate(config, load_profiles(config)).points[0].summary
-    real = _summary(trace)
+    real = read_summary(trace)
     assert real.ttft_ms is not None and sim.ttft_ms is not None, "the probe got no token"
     fixed_s = max(0.0, (real.ttft_ms.p50 - sim.ttft_ms.p50) / 1000)
     base = load_profile(profile)
-    cluster = replace(base, name=f"{base.name}-cal-{name}",
-                      overhead=Overhead(fixed_s, base.overhead.admit_s, base.overhead.stream_s))
+    cluster = replace(
+        base,
+        name=f"{base.name}-cal-{name}",
+        overhead=Overhead(fixed_s, base.overhead.admit_s, base.overhead.stream_s),
+    )
     path = out / f"{cluster.name}.json"
     save_profile(cluster, path)
-    return {"cluster": str(path), "pools": pools, "factors": factors,
-            "probe_ttft_p50_ms": {"real": real.ttft_ms.p50, "sim": sim.ttft_ms.p50},
-            "dispatch_s": fixed_s}
+    return {
+        "cluster": str(path),
+        "pools": pools,
+        "factors": factors,
+        "probe_ttft_p50_ms": {"real": real.ttft_ms.p50, "sim": sim.ttft_ms.p50},
+        "dispatch_s": fixed_s,
+    }
 
 
 MEAN_CONTEXT = 130.0  # tokens of KV a request of a step reads: the workload's mean context
 
 
-def sim_config(name: str, profile: str, trace: Path | None,
-               pool_profiles: dict[str, str] | None = None,
-               workload: dict[str, Any] | None = None) -> SimConfig:
+def sim_config(
+    name: str,
+    profile: str,
+    trace: Path | None,
+    pool_profiles: dict[str, str] | None = None,
+    workload: dict[str, Any] | None = None,
+) -> SimConfig:
     prefill_cpus, decode_cpus, groups = SHAPES[name]
     d: dict[str, Any] = json.loads(json.dumps(workload or WORKLOAD))
     if name == "colocated":
         d["cluster"] = {"mode": "colocated", "num_colocated": 1, "profile": profile}
     else:
-        d["cluster"] = {"num_prefill": len(prefill_cpus), "num_decode": len(decode_cpus),
-                        "profile": profile}
+        d["cluster"] = {
+            "num_prefill": len(prefill_cpus),
+            "num_decode": len(decode_cpus),
+            "profile": profile,
+        }
         d["prefill"] = {"max_num_batched_tokens": 4096}
     d["router"] = {"policy": "least_loaded", "load_view": "polled"}
     d["sim"] = {"records": "full"}
@@ -306,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="cpu-1core-135m")
     ap.add_argument("--out", type=Path, default=Path("/tmp/simulator_validation"))
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--sim-only", action="store_true",
-                    help="simulate against the real results already in --out")
+    ap.add_argument(
+        "--sim-only", action="store_true", help="simulate against the real results already in --out"
+    )
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.sim_only:
@@ -320,15 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     for name in dict.fromkeys(CALIBRATED_BY[n] for n in shapes):
         t0 = time.monotonic()
         calibrations[name] = cal = calibrate(name, a.profile, a.out, a.sim_only)
-        print(f"calibration on {name} ({time.monotonic() - t0:.0f} s): step factors "
-              f"{cal['factors']}, probe TTFT p50 real {cal['probe_ttft_p50_ms']['real']:.1f} "
-              f"ms vs rescaled sim {cal['probe_ttft_p50_ms']['sim']:.1f} ms: dispatch_s "
-              f"{cal['dispatch_s']:.4f}", file=sys.stderr, flush=True)
+        print(
+            f"calibration on {name} ({time.monotonic() - t0:.0f} s): step factors "
+            f"{cal['factors']}, probe TTFT p50 real {cal['probe_ttft_p50_ms']['real']:.1f} "
+            f"ms vs rescaled sim {cal['probe_ttft_p50_ms']['sim']:.1f} ms: dispatch_s "
+            f"{cal['dispatch_s']:.4f}",
+            file=sys.stderr,
+            flush=True,
+        )
     rows = []
     for name in shapes:
         t0 = time.monotonic()
         if a.sim_only:
-            real = _summary(a.out / f"real-{name}" / "results.json")
+            real = read_summary(a.out / f"real-{name}" / "results.json")
         else:
             real = run_real(name, config_path, a.out)
         wall = time.monotonic() - t0
@@ -341,27 +248,52 @@ def main(argv: list[str] | None = None) -> int:
         errs = []
         for label, get in METRICS:
             r, s, x = get(real), get(sim), get(calibrated)
-            errs.append((label, r, s, abs(s - r) / r if r else float("nan"), x,
-                         abs(x - r) / r if r else float("nan")))
+            errs.append(
+                (
+                    label,
+                    r,
+                    s,
+                    abs(s - r) / r if r else float("nan"),
+                    x,
+                    abs(x - r) / r if r else float("nan"),
+                )
+            )
         rows.append((name, wall, real.num_completed, errs))
         # The run's own factors: a consistency check, not used by the prediction.
-        print(f"{name}: real run {wall:.0f} s; its own /metrics step factors "
-              f"{pool_factors(name, a.profile, a.out)}", file=sys.stderr, flush=True)
-    print(f"\nprofile {a.profile}; workload {WORKLOAD}; sim replays each real run's trace; "
-          f"calibrated on {CAL_WORKLOAD['workload']} and the probe {PROBE['workload']}\n")
+        print(
+            f"{name}: real run {wall:.0f} s; its own /metrics step factors "
+            f"{pool_factors(name, a.profile, a.out)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"\nprofile {a.profile}; workload {WORKLOAD}; sim replays each real run's trace; "
+        f"calibrated on {CAL_WORKLOAD['workload']} and the probe {PROBE['workload']}\n"
+    )
     print("| shape | metric | real | simulated | error | calibrated sim | error |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, _wall, n, errs in rows:
         for label, r, s, e, x, ex in errs:
             flag = "" if e <= 0.15 else " (miss)"
             flag2 = "" if ex <= 0.15 else " (miss)"
-            print(f"| {name} ({n} req) | {label} | {r:.1f} | {s:.1f} | {100 * e:.0f}%{flag} "
-                  f"| {x:.1f} | {100 * ex:.0f}%{flag2} |")
+            print(
+                f"| {name} ({n} req) | {label} | {r:.1f} | {s:.1f} | {100 * e:.0f}%{flag} "
+                f"| {x:.1f} | {100 * ex:.0f}%{flag2} |"
+            )
     keys = ("metric", "real", "sim", "error", "sim_calibrated", "error_calibrated")
-    (a.out / "errors.json").write_text(json.dumps(
-        {"calibrations": calibrations,
-         "shapes": [{"shape": n, "errors": [dict(zip(keys, e, strict=True)) for e in errs]}
-                    for n, _, _, errs in rows]}, indent=1) + "\n")
+    (a.out / "errors.json").write_text(
+        json.dumps(
+            {
+                "calibrations": calibrations,
+                "shapes": [
+                    {"shape": n, "errors": [dict(zip(keys, e, strict=True)) for e in errs]}
+                    for n, _, _, errs in rows
+                ],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 
