@@ -296,9 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(routers[v.label])
         for router in routers.values():
             wait_routable(router, 2, 2)
-        worker_urls = [
-            line.split()[-1] for line in serve.lines if " worker: metrics " in line
-        ]
+        worker_urls = [line.split()[-1] for line in serve.lines if " worker: metrics " in line]
         assert len(worker_urls) == 4, worker_urls
         warm_up(a, serve)
         fig: dict[str, dict[str, Any]] = {}

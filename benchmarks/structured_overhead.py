@@ -90,9 +90,7 @@ def mask_costs(tokenizer_path: str, steps: int = 64) -> dict[str, float]:
     return out
 
 
-def engine_step_times(
-    batch: int, structured: bool, max_tokens: int = 48
-) -> tuple[float, float]:
+def engine_step_times(batch: int, structured: bool, max_tokens: int = 48) -> tuple[float, float]:
     """Median ms of a whole decode step and of its sampling part (where the grammar work
     is: mask fill, mask apply, matcher advance)."""
     from engine.engine_config import EngineConfig
@@ -123,9 +121,10 @@ def engine_step_times(
     times: list[float] = []
     sample_times: list[float] = []
     while engine.has_unfinished_requests():
-        decoding = all(
-            r.num_computed_tokens >= r.num_prompt_tokens for r in engine.scheduler.running
-        ) and len(engine.scheduler.running) == batch
+        decoding = (
+            all(r.num_computed_tokens >= r.num_prompt_tokens for r in engine.scheduler.running)
+            and len(engine.scheduler.running) == batch
+        )
         t0 = time.perf_counter()
         engine.step()
         if decoding:
@@ -169,6 +168,7 @@ def main() -> None:
                 f"        sampling overhead {samp[True] - samp[False]:+.3f} ms/step = "
                 f"{(samp[True] - samp[False]) / batch:+.4f} ms/token"
             )
+
 
 if __name__ == "__main__":
     main()

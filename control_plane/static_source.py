@@ -112,8 +112,7 @@ class StaticClusterSource:
                 # it cannot be reached at all (gone); while another can serve when a poll
                 # only timed out (a loaded host is no proof the worker is gone).
                 gone = (
-                    isinstance(e, grpc.aio.AioRpcError)
-                    and e.code() == grpc.StatusCode.UNAVAILABLE
+                    isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
                 )
                 self.view.mark_failed(t.info.worker_id, for_s=float("inf"), stalled=gone)
 

@@ -1,10 +1,10 @@
 """Batching policies: when the scheduler may admit waiting requests into the batch.
 
-    continuous  any step (iteration-level batching: requests join and leave every step)
-    static      only while a batch is being formed: from the step the previous batch fully
-                drained until the batch is full, the queue is empty, or blocks run out (a
-                step bound by the token budget keeps it open). The baseline continuous
-                batching is benchmarked against; never a production setting.
+continuous  any step (iteration-level batching: requests join and leave every step)
+static      only while a batch is being formed: from the step the previous batch fully
+            drained until the batch is full, the queue is empty, or blocks run out (a
+            step bound by the token budget keeps it open). The baseline continuous
+            batching is benchmarked against; never a production setting.
 """
 
 from __future__ import annotations

@@ -37,9 +37,7 @@ class EngineConfig:
     block_size: int = opt(16, "tokens per KV block")
     num_kv_blocks: int | None = opt(None, "device KV blocks (default: from --kv-cache-memory-gb)")
     kv_cache_memory_gb: float = opt(1.0, "device memory for the KV cache, GiB")
-    num_host_blocks: int | None = opt(
-        None, "host (swap) KV blocks (default: from --swap-space-gb)"
-    )
+    num_host_blocks: int | None = opt(None, "host (swap) KV blocks (default: from --swap-space-gb)")
     swap_space_gb: float = opt(0.5, "host memory for swapped-out KV blocks, GiB")
     kv_cache_prefault: bool = opt(
         True,

@@ -36,6 +36,9 @@ class EngineStats:
 
     @property
     def num_unfinished(self) -> int:
-        return self.num_running + self.num_waiting + self.num_waiting_for_remote_kv + (
-            self.num_swapped
+        return (
+            self.num_running
+            + self.num_waiting
+            + self.num_waiting_for_remote_kv
+            + (self.num_swapped)
         )

@@ -242,4 +242,3 @@ class TritonPointwise:
     add_rms_norm = staticmethod(add_rms_norm)
     rotary_ = staticmethod(rotary_)
     silu_mul = staticmethod(silu_mul)
-

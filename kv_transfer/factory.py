@@ -60,9 +60,7 @@ def create_receiver(
     connections carry no certificate."""
     kind = resolve_transport(transport)
     if ssl_context is not None and kind != "tcp":
-        raise ValueError(
-            f"KV transport {kind!r} cannot authenticate its peers; with TLS use tcp"
-        )
+        raise ValueError(f"KV transport {kind!r} cannot authenticate its peers; with TLS use tcp")
     common: dict[str, Any] = {"metrics": metrics, "default_lease_s": default_lease_s}
     if kind == "tcp":
         from kv_transfer.tcp import TcpReceiver

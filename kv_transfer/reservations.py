@@ -50,6 +50,7 @@ __all__ = [
 
 TOKEN_BYTES = 16
 
+
 @dataclass
 class _Reservation:
     request_id: str

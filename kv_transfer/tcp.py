@@ -335,9 +335,7 @@ class TcpConnector:
         try:
             await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
             try:
-                stream = await connected_stream(
-                    sock, self._ssl, self._server_name or host, timeout
-                )
+                stream = await connected_stream(sock, self._ssl, self._server_name or host, timeout)
             except ssl.SSLError as e:
                 raise PeerNotTrustedError(f"TLS handshake with {endpoint} failed: {e}") from e
             channel = TcpChannel(stream)

@@ -171,7 +171,6 @@ class CertificateWatch:
                 reloaded += 1
             return reloaded
 
-
     async def run(self, interval_s: float = RELOAD_CHECK_S) -> None:
         """Check every ``interval_s`` until cancelled (a worker's background task)."""
         while True:
@@ -310,5 +309,3 @@ def worker_tls_pair(
     if client is not None and server is None:
         raise ValueError(f"{flag}-cert-file and {flag}-key-file are needed with {flag}-ca-file")
     return server, client
-
-

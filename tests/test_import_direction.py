@@ -18,8 +18,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "kernels", "kv_transfer", "router", "control_plane", "prefill_service",
-            "decode_service", "pdserve")
+PACKAGES = (
+    "engine",
+    "kernels",
+    "kv_transfer",
+    "router",
+    "control_plane",
+    "prefill_service",
+    "decode_service",
+    "pdserve",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -31,11 +39,7 @@ def _module_name(path: Path) -> str:
 
 
 def _module_imports() -> dict[str, set[str]]:
-    modules = {
-        _module_name(p): p
-        for pkg in PACKAGES
-        for p in (ROOT / pkg).rglob("*.py")
-    }
+    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
@@ -117,9 +121,7 @@ def _imports_torch(modules: list[str]) -> list[str]:
 
 def _modules_of(package: str, exclude: tuple[str, ...] = ()) -> list[str]:
     return sorted(
-        _module_name(p)
-        for p in (ROOT / package).rglob("*.py")
-        if _module_name(p) not in exclude
+        _module_name(p) for p in (ROOT / package).rglob("*.py") if _module_name(p) not in exclude
     )
 
 
@@ -137,8 +139,13 @@ def test_these_modules_import_no_torch(modules: list[str]) -> None:
 
 
 def test_kv_transfer_imports_no_model_code() -> None:
-    model_code = ("engine.models", "engine.model_runner", "engine.llm_engine",
-                  "engine.model_loader", "engine.attention")
+    model_code = (
+        "engine.models",
+        "engine.model_runner",
+        "engine.llm_engine",
+        "engine.model_loader",
+        "engine.attention",
+    )
     graph = _module_imports()
     for name, deps in graph.items():
         if name.startswith("kv_transfer"):

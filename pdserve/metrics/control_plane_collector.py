@@ -36,8 +36,7 @@ class WorkerControlPlaneCollector:
         )
         yield f.counter(
             "pdserve_worker_reregistrations",
-            "Registrations made again because the record was gone (lease lapsed, Redis "
-            "restarted).",
+            "Registrations made again because the record was gone (lease lapsed, Redis restarted).",
             s.reregistrations,
         )
         yield f.counter(

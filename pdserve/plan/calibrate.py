@@ -113,8 +113,12 @@ def machine_info() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "host": platform.node()}
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
 
 
 def today() -> str:
@@ -154,8 +158,13 @@ def parse_step_metrics(text: str, url: str = "") -> WorkerSteps:
     missing = [k for k in need if k not in values]
     if missing:
         raise ValueError(f"{url or 'metrics'}: no {', '.join(missing)} (not an engine's /metrics?)")
-    return WorkerSteps(url, values["step_seconds_count"], values["step_seconds_sum"],
-                       values["step_tokens_sum"], values["step_requests_sum"])
+    return WorkerSteps(
+        url,
+        values["step_seconds_count"],
+        values["step_seconds_sum"],
+        values["step_tokens_sum"],
+        values["step_requests_sum"],
+    )
 
 
 def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:

@@ -41,24 +41,45 @@ def add_calibrate_parser(sub: Any) -> None:
     )
     m.add_argument("profile")
     m.add_argument("--url", action="append", required=True, help="a worker's /metrics URL")
-    m.add_argument("--mean-context", type=float, default=256.0,
-                   help="mean KV tokens a request of a step reads (the workload's)")
-    m.add_argument("--rescale", type=Path, default=None,
-                   help="write the profile with its step model scaled by the measured factor")
+    m.add_argument(
+        "--mean-context",
+        type=float,
+        default=256.0,
+        help="mean KV tokens a request of a step reads (the workload's)",
+    )
+    m.add_argument(
+        "--rescale",
+        type=Path,
+        default=None,
+        help="write the profile with its step model scaled by the measured factor",
+    )
 
 
 def _add_fit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--use", default=",".join(COEFFICIENTS),
-                   help="the step coefficients the fit may use (others stay 0)")
+    p.add_argument(
+        "--use",
+        default=",".join(COEFFICIENTS),
+        help="the step coefficients the fit may use (others stay 0)",
+    )
     p.add_argument("--roofline-tokens", type=int, default=0)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     _add_fit_args(p)
-    p.add_argument("--transfer", action="append", default=[], metavar="NAME:BYTES:SECONDS",
-                   help="a measured KV transfer (repeat; fitted per transport)")
-    p.add_argument("--overhead", action="append", default=[], metavar="KEY=SECONDS",
-                   help="dispatch_s, admit_s or stream_s")
+    p.add_argument(
+        "--transfer",
+        action="append",
+        default=[],
+        metavar="NAME:BYTES:SECONDS",
+        help="a measured KV transfer (repeat; fitted per transport)",
+    )
+    p.add_argument(
+        "--overhead",
+        action="append",
+        default=[],
+        metavar="KEY=SECONDS",
+        help="dispatch_s, admit_s or stream_s",
+    )
     p.add_argument("--num-kv-blocks", type=int, default=4096)
     p.add_argument("--num-host-blocks", type=int, default=0)
     p.add_argument("--description", default="")
@@ -102,13 +123,22 @@ def _engine(a: argparse.Namespace) -> int:
     kind = "cpu" if a.device == "cpu" else "gpu"
     info = machine_info()
     profile = profile_from_samples(
-        a.name, m.steps, m.swaps, model,
+        a.name,
+        m.steps,
+        m.swaps,
+        model,
         KvCapacity(a.num_kv_blocks, a.num_host_blocks),
         Device(kind, a.threads if kind == "cpu" else 0, info["cpu"] if kind == "cpu" else a.device),
-        parse_transfers(a.transfer), parse_overhead(a.overhead),
-        {"command": "pdserve plan calibrate engine " + " ".join(sys.argv[4:]), "date": today(),
-         "machine": info},
-        [c for c in a.use.split(",") if c], a.roofline_tokens, a.description,
+        parse_transfers(a.transfer),
+        parse_overhead(a.overhead),
+        {
+            "command": "pdserve plan calibrate engine " + " ".join(sys.argv[4:]),
+            "date": today(),
+            "machine": info,
+        },
+        [c for c in a.use.split(",") if c],
+        a.roofline_tokens,
+        a.description,
     )
     save_profile(profile, a.out)
     print(json.dumps(profile.step.to_json(), indent=1))
@@ -137,8 +167,10 @@ def _metrics(a: argparse.Namespace) -> int:
     for url in a.url:
         w = parse_step_metrics(fetch_metrics(url), url)
         got, want = step_factor(profile.step, w, a.mean_context)
-        print(f"{url}: {w.num_steps:.0f} steps, mean {got * 1000:.2f} ms, profile predicts "
-              f"{want * 1000:.2f} ms at the mean shape (x{got / want:.3f})")
+        print(
+            f"{url}: {w.num_steps:.0f} steps, mean {got * 1000:.2f} ms, profile predicts "
+            f"{want * 1000:.2f} ms at the mean shape (x{got / want:.3f})"
+        )
         measured += got * w.num_steps
         predicted += want * w.num_steps
     factor = measured / predicted
@@ -146,7 +178,8 @@ def _metrics(a: argparse.Namespace) -> int:
     if a.rescale:
         names = [f.name for f in fields(StepCost) if f.name.endswith("_s")]
         scaled = replace(profile.step, **{n: getattr(profile.step, n) * factor for n in names})
-        save_profile(replace(profile, step=replace(scaled, fit={**profile.step.fit,
-                                                               "rescaled_by": factor})),
-                     a.rescale)
+        save_profile(
+            replace(profile, step=replace(scaled, fit={**profile.step.fit, "rescaled_by": factor})),
+            a.rescale,
+        )
     return 0

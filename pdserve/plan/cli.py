@@ -25,9 +25,12 @@ docs/planning.md."""
 
 
 def add_plan_parser(sub: Any) -> None:
-    p = sub.add_parser("plan", help="simulate a cluster and size its pools (docs/planning.md)",
-                       description=DESCRIPTION,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "plan",
+        help="simulate a cluster and size its pools (docs/planning.md)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     psub = p.add_subparsers(dest="plan_command", required=True)
     psub.add_parser("profiles", help="list the shipped profiles")
     add_calibrate_parser(psub)
@@ -35,23 +38,35 @@ def add_plan_parser(sub: Any) -> None:
     s = psub.add_parser("simulate", help="simulate a config as pdserve bench would run it")
     s.add_argument("config", type=Path, help="TOML/JSON: [cluster] [router] ... + bench tables")
     s.add_argument("--profile", default=None, help="overrides [cluster] profile")
-    s.add_argument("--out", type=Path, default=None,
-                   help="write results.json (pdserve bench's format), pools.json and plots")
-    s.add_argument("--all-points", action="store_true",
-                   help="keep going after a point misses the SLO")
+    s.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write results.json (pdserve bench's format), pools.json and plots",
+    )
+    s.add_argument(
+        "--all-points", action="store_true", help="keep going after a point misses the SLO"
+    )
 
     q = psub.add_parser("search", help="the best P:D split and engine limits per size")
     q.add_argument("config", type=Path)
     q.add_argument("--workers", required=True, help="total workers, e.g. 2,8,64,512")
     q.add_argument("--profile", default=None)
     q.add_argument("--max-num-seqs", default="", help="decode batch limits to try, e.g. 32,128")
-    q.add_argument("--chunk-sizes", default="",
-                   help="prefill token budgets to try, e.g. 512,2048")
-    q.add_argument("--price-per-hour", type=float, default=None,
-                   help="per worker (default: the profile's); adds goodput per dollar")
+    q.add_argument("--chunk-sizes", default="", help="prefill token budgets to try, e.g. 512,2048")
+    q.add_argument(
+        "--price-per-hour",
+        type=float,
+        default=None,
+        help="per worker (default: the profile's); adds goodput per dollar",
+    )
     q.add_argument("--top", type=int, default=3)
-    q.add_argument("--helm-values", type=Path, default=None,
-                   help="write the best configuration's chart values here")
+    q.add_argument(
+        "--helm-values",
+        type=Path,
+        default=None,
+        help="write the best configuration's chart values here",
+    )
     q.add_argument("--json", type=Path, default=None, help="every evaluated candidate")
 
 
@@ -109,16 +124,22 @@ def _simulate(a: argparse.Namespace) -> int:
             f"{s.num_preemptions} preemptions"
             for s in p.pools
         )
-        console.print(f"{p.load.label}: {pools}; simulated {p.duration_s:.1f} s "
-                      f"({p.num_requests} requests, {p.num_events} events) in {p.wall_s:.2f} s")
+        console.print(
+            f"{p.load.label}: {pools}; simulated {p.duration_s:.1f} s "
+            f"({p.num_requests} requests, {p.num_events} events) in {p.wall_s:.2f} s"
+        )
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         if all(p.records is not None for p in result.points):
             write_json(bench, a.out / "results.json")
             write_plots(bench, a.out)
         pools_json = [
-            {"load": p.load.label, "pools": [asdict(s) for s in p.pools],
-             "samples": asdict(p.samples), "wall_s": p.wall_s}
+            {
+                "load": p.load.label,
+                "pools": [asdict(s) for s in p.pools],
+                "samples": asdict(p.samples),
+                "wall_s": p.wall_s,
+            }
             for p in result.points
         ]
         (a.out / "pools.json").write_text(json.dumps(pools_json) + "\n", encoding="utf-8")

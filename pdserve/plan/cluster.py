@@ -52,8 +52,8 @@ class Cluster:
         self.profile = profiles[c.profile]
         self.block_size = self.profile.model.block_size
         self.bytes_per_block = self.block_size * self.profile.model.kv_bytes_per_token
-        self.transfer = self.profile.transfer_cost(c.transport) if c.mode != "colocated" else (
-            TransferCost()
+        self.transfer = (
+            self.profile.transfer_cost(c.transport) if c.mode != "colocated" else (TransferCost())
         )
         self.group_index: dict[int, dict[str, int]] = {}
         self._groups: dict[str, CoreGroup] = {}
@@ -120,8 +120,17 @@ class Cluster:
             rec = self.recorder
             out.append(
                 EngineModel(
-                    name, role, self.loop, group.lane(), prof.step, prof.swap, kv, s, self,
-                    rec.sink, record_tokens=rec.record_tokens,
+                    name,
+                    role,
+                    self.loop,
+                    group.lane(),
+                    prof.step,
+                    prof.swap,
+                    kv,
+                    s,
+                    self,
+                    rec.sink,
+                    record_tokens=rec.record_tokens,
                     fast=self.config.sim.fast,
                 )
             )
@@ -148,8 +157,11 @@ class Cluster:
     def _route(self, req: SimRequest) -> None:
         limit = min(self.config.decode.settings.max_model_len, self._capacity_tokens())
         if req.num_prompt >= limit:
-            self._fail(req, f"prompt is {req.num_prompt} tokens; it must be shorter than "
-                            f"{limit} (max_model_len and the KV cache)")
+            self._fail(
+                req,
+                f"prompt is {req.num_prompt} tokens; it must be shorter than "
+                f"{limit} (max_model_len and the KV cache)",
+            )
             return
         req.num_output = min(req.num_output, limit - req.num_prompt)
         try:

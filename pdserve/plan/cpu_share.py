@@ -19,8 +19,17 @@ from pdserve.plan.events import EventLoop
 
 
 class Lane:
-    __slots__ = ("_done", "_end_version", "_group", "_loop", "_rate", "_t", "_total", "_work",
-                 "on_rate_change")
+    __slots__ = (
+        "_done",
+        "_end_version",
+        "_group",
+        "_loop",
+        "_rate",
+        "_t",
+        "_total",
+        "_work",
+        "on_rate_change",
+    )
 
     def __init__(self, loop: EventLoop, group: CoreGroup) -> None:
         self._loop = loop

@@ -47,4 +47,3 @@ class EventLoop:
     @property
     def is_empty(self) -> bool:
         return not self._heap
-

@@ -19,15 +19,19 @@ from pdserve.plan.sim_config import SimConfig
 from pdserve.plan.simulate import simulate_point
 
 TRANSPORT = ["tcp"]  # main sets it: the profile's fastest KV transport
-SETTINGS = SearchSettings(requests_per_worker=40, min_requests=160, bisect_steps=5,
-                          min_duration_s=60.0)
+SETTINGS = SearchSettings(
+    requests_per_worker=40, min_requests=160, bisect_steps=5, min_duration_s=60.0
+)
 
 
 def _config(profile: str, **tables: dict[str, Any]) -> SimConfig:
     d: dict[str, Any] = {
         "cluster": {"profile": profile, "transport": TRANSPORT[0]},
-        "workload": {"num_requests": 200, "prompt_len": "uniform:256:1024",
-                     "output_len": "uniform:64:256"},
+        "workload": {
+            "num_requests": 200,
+            "prompt_len": "uniform:256:1024",
+            "output_len": "uniform:64:256",
+        },
         "load": {"kind": "open", "rates": [1.0]},
         "sim": {"records": "compact"},
     }
@@ -44,22 +48,39 @@ def bursts(profiles: dict[str, Profile], name: str, out: Path) -> Path:
     lines: dict[str, list[float]] = {"colocated (2 workers)": [], "1P1D": []}
     for size in sizes:
         for label in lines:
-            cluster = ({"mode": "colocated", "num_colocated": 2} if "colocated" in label
-                       else {"num_prefill": 1, "num_decode": 1})
-            c = _config(name, cluster=cluster,
-                        workload={"num_requests": 300, "prompt_len": "uniform:64:256",
-                                  "output_len": "uniform:128:256"},
-                        load={"kind": "closed", "concurrency": [16], "rates": [1.0]},
-                        bursts={"size": size, "interval_s": 2.0, "start_s": 0.5,
-                                "prompt_len": "fixed:4096", "output_len": "fixed:1"})
+            cluster = (
+                {"mode": "colocated", "num_colocated": 2}
+                if "colocated" in label
+                else {"num_prefill": 1, "num_decode": 1}
+            )
+            c = _config(
+                name,
+                cluster=cluster,
+                workload={
+                    "num_requests": 300,
+                    "prompt_len": "uniform:64:256",
+                    "output_len": "uniform:128:256",
+                },
+                load={"kind": "closed", "concurrency": [16], "rates": [1.0]},
+                bursts={
+                    "size": size,
+                    "interval_s": 2.0,
+                    "start_s": 0.5,
+                    "prompt_len": "fixed:4096",
+                    "output_len": "fixed:1",
+                },
+            )
             p = simulate_point(c, profiles, c.bench.load.points()[0])
             assert p.summary.itl_ms is not None
             lines[label].append(p.summary.itl_ms.p99)
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, ys in lines.items():
         ax.plot(sizes, ys, marker="o", label=label)
-    ax.set(xlabel="4096-token prompts per burst (every 2 s)", ylabel="ITL p99 (ms)",
-           title=f"decode ITL under prefill bursts ({name})")
+    ax.set(
+        xlabel="4096-token prompts per burst (every 2 s)",
+        ylabel="ITL p99 (ms)",
+        title=f"decode ITL under prefill bursts ({name})",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, out / "bursts.png")
@@ -73,18 +94,28 @@ def slo(profiles: dict[str, Profile], name: str, out: Path, workers: int = 4) ->
     tpots = [round(base_tpot * f, 1) for f in (1.5, 2.5, 4, 8, 16)]
     dis, col = [], []
     for t in tpots:
-        c = _config(name, slo={"targets": f"ttft=2000ms,tpot={t}ms", "min_attainment": 0.9},
-                    colocated={"max_num_batched_tokens": 512})
+        c = _config(
+            name,
+            slo={"targets": f"ttft=2000ms,tpot={t}ms", "min_attainment": 0.9},
+            colocated={"max_num_batched_tokens": 512},
+        )
         d, k = search_size(c, profiles, workers, [128], [2048], SETTINGS)
         dis.append(d[0].per_worker)
         col.append(k[0].per_worker)
-        print(f"tpot {t} ms: {d[0].candidate.label} {d[0].per_worker:.3f}, colocated "
-              f"{k[0].per_worker:.3f} req/s per worker", file=sys.stderr)
+        print(
+            f"tpot {t} ms: {d[0].candidate.label} {d[0].per_worker:.3f}, colocated "
+            f"{k[0].per_worker:.3f} req/s per worker",
+            file=sys.stderr,
+        )
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(tpots, dis, marker="o", label="best P:D split")
     ax.plot(tpots, col, marker="o", label="colocated (chunk 512)")
-    ax.set(xscale="log", xlabel="TPOT SLO (ms)", ylabel="goodput per worker (req/s)",
-           title=f"{workers} workers, TTFT SLO 2 s ({name})")
+    ax.set(
+        xscale="log",
+        xlabel="TPOT SLO (ms)",
+        ylabel="goodput per worker (req/s)",
+        title=f"{workers} workers, TTFT SLO 2 s ({name})",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, out / "slo.png")
@@ -97,17 +128,25 @@ def ratio(profiles: dict[str, Profile], name: str, out: Path, workers: int = 8) 
     shapes = [(2048, 32), (1024, 128), (512, 256), (256, 512), (128, 1024)]
     best = []
     for prompt, output in shapes:
-        c = _config(name, workload={"prompt_len": f"uniform:{prompt // 2}:{prompt * 3 // 2}",
-                                    "output_len": f"uniform:{output // 2}:{output * 3 // 2}"},
-                    slo={"targets": "ttft=3000ms,tpot=100ms", "min_attainment": 0.9})
+        c = _config(
+            name,
+            workload={
+                "prompt_len": f"uniform:{prompt // 2}:{prompt * 3 // 2}",
+                "output_len": f"uniform:{output // 2}:{output * 3 // 2}",
+            },
+            slo={"targets": "ttft=3000ms,tpot=100ms", "min_attainment": 0.9},
+        )
         d, _ = search_size(c, profiles, workers, [128], [2048], SETTINGS)
         best.append(d[0].candidate.num_prefill)
         print(f"{prompt}:{output}: {d[0].candidate.label}", file=sys.stderr)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p / o for p, o in shapes], best, marker="o")
-    ax.set(xscale="log", xlabel="mean prompt / mean output tokens",
-           ylabel=f"prefill workers in the best split of {workers}",
-           title=f"best P:D vs prompt/output ratio ({name})")
+    ax.set(
+        xscale="log",
+        xlabel="mean prompt / mean output tokens",
+        ylabel=f"prefill workers in the best split of {workers}",
+        title=f"best P:D vs prompt/output ratio ({name})",
+    )
     ax.grid(alpha=0.3)
     return _save(fig, out / "ratio.png")
 

@@ -38,8 +38,11 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        shape = (f"{self.num_decode} colocated" if self.mode == "colocated"
-                 else f"{self.num_prefill}P{self.num_decode}D")
+        shape = (
+            f"{self.num_decode} colocated"
+            if self.mode == "colocated"
+            else f"{self.num_prefill}P{self.num_decode}D"
+        )
         return f"{shape} seqs={self.max_num_seqs} chunk={self.chunk_tokens}"
 
 
@@ -69,35 +72,57 @@ def configure(base: SimConfig, c: Candidate, rate: float, num_requests: int) -> 
     """``base`` with the candidate's pools and one open-loop point at ``rate``."""
     if c.mode == "colocated":
         cluster = replace(base.cluster, mode="colocated", num_colocated=c.num_decode)
-        colocated = PoolConfig(replace(base.colocated.settings, max_num_seqs=c.max_num_seqs,
-                                       max_num_batched_tokens=c.chunk_tokens),
-                               base.colocated.profile)
+        colocated = PoolConfig(
+            replace(
+                base.colocated.settings,
+                max_num_seqs=c.max_num_seqs,
+                max_num_batched_tokens=c.chunk_tokens,
+            ),
+            base.colocated.profile,
+        )
         return _with(base, cluster, bench_for(base, rate, num_requests), colocated=colocated)
-    cluster = replace(base.cluster, mode="disaggregated", num_prefill=c.num_prefill,
-                      num_decode=c.num_decode)
-    prefill = PoolConfig(replace(base.prefill.settings, max_num_batched_tokens=c.chunk_tokens),
-                         base.prefill.profile)
-    decode = PoolConfig(replace(base.decode.settings, max_num_seqs=c.max_num_seqs),
-                        base.decode.profile)
-    return _with(base, cluster, bench_for(base, rate, num_requests), prefill=prefill,
-                 decode=decode)
+    cluster = replace(
+        base.cluster, mode="disaggregated", num_prefill=c.num_prefill, num_decode=c.num_decode
+    )
+    prefill = PoolConfig(
+        replace(base.prefill.settings, max_num_batched_tokens=c.chunk_tokens), base.prefill.profile
+    )
+    decode = PoolConfig(
+        replace(base.decode.settings, max_num_seqs=c.max_num_seqs), base.decode.profile
+    )
+    return _with(base, cluster, bench_for(base, rate, num_requests), prefill=prefill, decode=decode)
 
 
 def bench_for(base: SimConfig, rate: float, num_requests: int) -> BenchConfig:
     return replace(
         base.bench,
         workload=replace(base.bench.workload, num_requests=num_requests),
-        load=LoadConfig(kind="open", rates=[rate], duration_s=None,
-                        max_concurrency=base.bench.load.max_concurrency),
+        load=LoadConfig(
+            kind="open",
+            rates=[rate],
+            duration_s=None,
+            max_concurrency=base.bench.load.max_concurrency,
+        ),
     )
 
 
-def _with(base: SimConfig, cluster: ClusterConfig, bench: BenchConfig,
-          prefill: PoolConfig | None = None, decode: PoolConfig | None = None,
-          colocated: PoolConfig | None = None) -> SimConfig:
-    return replace(base, bench=bench, cluster=cluster, sim=replace(base.sim, records="compact"),
-                   prefill=prefill or base.prefill, decode=decode or base.decode,
-                   colocated=colocated or base.colocated)
+def _with(
+    base: SimConfig,
+    cluster: ClusterConfig,
+    bench: BenchConfig,
+    prefill: PoolConfig | None = None,
+    decode: PoolConfig | None = None,
+    colocated: PoolConfig | None = None,
+) -> SimConfig:
+    return replace(
+        base,
+        bench=bench,
+        cluster=cluster,
+        sim=replace(base.sim, records="compact"),
+        prefill=prefill or base.prefill,
+        decode=decode or base.decode,
+        colocated=colocated or base.colocated,
+    )
 
 
 @dataclass(frozen=True)
@@ -160,15 +185,22 @@ def find_rate(
 
 
 def num_requests(settings: SearchSettings, c: Candidate, rate: float) -> int:
-    return int(max(settings.min_requests, settings.requests_per_worker * c.num_workers,
-                   math.ceil(rate * settings.min_duration_s)))
+    return int(
+        max(
+            settings.min_requests,
+            settings.requests_per_worker * c.num_workers,
+            math.ceil(rate * settings.min_duration_s),
+        )
+    )
 
 
 def splits(n: int, max_seqs: Sequence[int], chunks: Sequence[int]) -> list[Candidate]:
     """Every P:D split of ``n`` workers (P = 1..n-1) with every limit pair."""
     return [
         Candidate("disaggregated", p, n - p, s, k)
-        for p in range(1, n) for s in max_seqs for k in chunks
+        for p in range(1, n)
+        for s in max_seqs
+        for k in chunks
     ]
 
 
@@ -193,8 +225,9 @@ def search_size(
     results: dict[str, list[Evaluation]] = {"disaggregated": [], "colocated": []}
     seen_rate = guess
     step = max(1, unit // 16)  # large units: every step-th split, then refine around the best
-    cands = [c for c in splits(unit, max_seqs, chunks) if c.num_prefill % step == 0
-             or c.num_prefill == 1]
+    cands = [
+        c for c in splits(unit, max_seqs, chunks) if c.num_prefill % step == 0 or c.num_prefill == 1
+    ]
     cands += colocated(unit, max_seqs, chunks)
     for c in cands:
         ev = find_rate(base, profiles, c, settings, seen_rate)
@@ -233,8 +266,9 @@ def _scaled(e: Evaluation, num_workers: int) -> Evaluation:
     return Evaluation(big, e.rate * f, e.point, e.num_sims)
 
 
-def verify(base: SimConfig, profiles: dict[str, Profile], e: Evaluation,
-           settings: SearchSettings) -> Evaluation:
+def verify(
+    base: SimConfig, profiles: dict[str, Profile], e: Evaluation, settings: SearchSettings
+) -> Evaluation:
     """Simulate ``e`` at its full size and rate; records the attainment reached."""
     c = e.candidate
     config = configure(base, c, e.rate, num_requests(settings, c, e.rate))

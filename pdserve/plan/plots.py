@@ -25,8 +25,9 @@ def write_sim_plots(result: SimResult, out_dir: Path) -> list[Path]:
             row[0].plot(s.t, s.waiting[role], label=role)
             row[1].plot(s.t, s.running[role], label=role)
             row[2].plot(s.t, [100 * u for u in s.kv_usage[role]], label=role)
-        for ax, what in zip(row, ("waiting requests", "requests in the batch", "KV usage %"),
-                            strict=True):
+        for ax, what in zip(
+            row, ("waiting requests", "requests in the batch", "KV usage %"), strict=True
+        ):
             ax.set(xlabel="time (s)", ylabel=what, title=f"{p.load.label}: {what}")
             ax.grid(alpha=0.3)
             ax.legend()

@@ -189,8 +189,10 @@ def load_profile(path: Path | str) -> Profile:
         shipped = SHIPPED_DIR / f"{path}.json"
         if not shipped.exists():
             names = ", ".join(shipped_profiles()) or "none"
-            raise ValueError(f"no profile file {str(path)!r} and no shipped profile of that name "
-                             f"(shipped: {names})")
+            raise ValueError(
+                f"no profile file {str(path)!r} and no shipped profile of that name "
+                f"(shipped: {names})"
+            )
         p = shipped
     try:
         data = json.loads(p.read_text(encoding="utf-8"))

@@ -174,16 +174,21 @@ class CompactRecorder:
     def summary(self, duration_s: float, slo: Slo) -> Summary:
         import numpy as np
 
-        ttft, e2e, tpot = (np.frombuffer(a, dtype=np.float64) for a in (self.ttft, self.e2e,
-                                                                        self.tpot))
+        ttft, e2e, tpot = (
+            np.frombuffer(a, dtype=np.float64) for a in (self.ttft, self.e2e, self.tpot)
+        )
         done = len(ttft)
         good = None
         if slo.is_set:
             ok = np.ones(done, dtype=bool)
             with np.errstate(invalid="ignore"):
                 # Mean ITL of a one-token-per-chunk stream is its TPOT (no gaps: vacuous).
-                for target, values in ((slo.ttft_s, ttft), (slo.itl_s, tpot),
-                                       (slo.tpot_s, tpot), (slo.e2e_s, e2e)):
+                for target, values in (
+                    (slo.ttft_s, ttft),
+                    (slo.itl_s, tpot),
+                    (slo.tpot_s, tpot),
+                    (slo.e2e_s, e2e),
+                ):
                     if target is not None:
                         ok &= ~(values > target)
             good = int(ok.sum())

@@ -46,8 +46,17 @@ LOAD_VIEWS: tuple[str, ...] = ("exact", "polled", "reported")
 class _View:
     """One worker as the router sees it."""
 
-    __slots__ = ("board", "candidate", "epoch", "index", "key", "sent_active", "sent_blocks",
-                 "sent_tokens", "w")
+    __slots__ = (
+        "board",
+        "candidate",
+        "epoch",
+        "index",
+        "key",
+        "sent_active",
+        "sent_blocks",
+        "sent_tokens",
+        "w",
+    )
 
     def __init__(self, w: EngineModel, index: int) -> None:
         self.w = w
@@ -163,8 +172,9 @@ class RouterModel:
         pool = [views[i] for i in picked]
         if cached:
             have = {v.w.name for v in pool}
-            pool += [self._by_name[w] for w in cached if w not in have and
-                     self._by_name[w] in views]
+            pool += [
+                self._by_name[w] for w in cached if w not in have and self._by_name[w] in views
+            ]
         return [self._refresh(v, epoch) for v in pool]
 
     def _refresh(self, v: _View, epoch: int) -> RouteCandidate:

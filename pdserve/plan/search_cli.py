@@ -71,10 +71,19 @@ def run_search(a: argparse.Namespace) -> int:
             verify(base, profiles, disagg[0], settings)
         if coloc and n > settings.unit_max:
             verify(base, profiles, coloc[0], settings)
-        t = Table(title=f"{n} workers, SLO {base.bench.slo.targets} "
-                        f"(>= {100 * base.bench.slo.min_attainment:g}%)")
-        for col in ("configuration", "goodput req/s", "per worker", "req per $",
-                    "TTFT p99 ms", "TPOT p99 ms", "full-size check"):
+        t = Table(
+            title=f"{n} workers, SLO {base.bench.slo.targets} "
+            f"(>= {100 * base.bench.slo.min_attainment:g}%)"
+        )
+        for col in (
+            "configuration",
+            "goodput req/s",
+            "per worker",
+            "req per $",
+            "TTFT p99 ms",
+            "TPOT p99 ms",
+            "full-size check",
+        ):
             t.add_column(col)
         for e in disagg[: a.top]:
             t.add_row(*_row(e, price))
@@ -82,21 +91,32 @@ def run_search(a: argparse.Namespace) -> int:
             t.add_row(*_row(coloc[0], price), style="dim")
         console.print(t)
         if disagg and coloc and coloc[0].per_worker > 0:
-            console.print(f"best disaggregated / colocated goodput per worker: "
-                          f"{disagg[0].per_worker / coloc[0].per_worker:.2f}x")
+            console.print(
+                f"best disaggregated / colocated goodput per worker: "
+                f"{disagg[0].per_worker / coloc[0].per_worker:.2f}x"
+            )
         for e in disagg + coloc:
-            everything.append({"workers": n, **asdict(e.candidate), "rate": e.total_rate,
-                               "per_worker": e.per_worker, "verified": e.verified})
+            everything.append(
+                {
+                    "workers": n,
+                    **asdict(e.candidate),
+                    "rate": e.total_rate,
+                    "per_worker": e.per_worker,
+                    "verified": e.verified,
+                }
+            )
         if disagg:
             best_overall = disagg[0]
     if a.json:
         a.json.write_text(json.dumps(everything, indent=1) + "\n", encoding="utf-8")
     if a.helm_values and best_overall is not None:
-        header = (f"pdserve plan search {a.config} --workers {a.workers}\n"
-                  f"best: {best_overall.candidate.label} at {best_overall.total_rate:.3f} req/s "
-                  f"under {base.bench.slo.targets}\n"
-                  "controlPlane.mode redis is needed for pools of more than one pod (PENDING, "
-                  "issue 14)")
+        header = (
+            f"pdserve plan search {a.config} --workers {a.workers}\n"
+            f"best: {best_overall.candidate.label} at {best_overall.total_rate:.3f} req/s "
+            f"under {base.bench.slo.targets}\n"
+            "controlPlane.mode redis is needed for pools of more than one pod (PENDING, "
+            "issue 14)"
+        )
         a.helm_values.write_text(to_yaml(helm_values(best_overall), header), encoding="utf-8")
         console.print(f"wrote {a.helm_values}")
     return 0

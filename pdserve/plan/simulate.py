@@ -140,8 +140,15 @@ def simulate(
 class _Clients:
     """Sends the point's requests as bench's load model would."""
 
-    def __init__(self, cluster: Cluster, loop: EventLoop, config: SimConfig, load: LoadPoint,
-                 requests: list[SimRequest], times: list[float] | None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        loop: EventLoop,
+        config: SimConfig,
+        load: LoadPoint,
+        requests: list[SimRequest],
+        times: list[float] | None,
+    ) -> None:
         self.cluster = cluster
         self.loop = loop
         self.pending = deque(requests)
@@ -205,9 +212,7 @@ class _Clients:
     @property
     def is_done(self) -> bool:
         """The foreground is over (bursts stop being sent from here)."""
-        return (
-            self.unfinished == 0 and not self.pending and not self.held and not self.to_arrive
-        )
+        return self.unfinished == 0 and not self.pending and not self.held and not self.to_arrive
 
 
 def simulate_point(
@@ -221,8 +226,14 @@ def simulate_point(
     if config.arrivals.trace:
         trace = load_trace(Path(config.arrivals.trace), config.arrivals.trace_point)
         requests = [
-            SimRequest(i, 0.0, r.num_prompt, r.num_output, 0 if r.has_shared_prefix else -1,
-                       spec.shared_prefix_len if r.has_shared_prefix else 0)
+            SimRequest(
+                i,
+                0.0,
+                r.num_prompt,
+                r.num_output,
+                0 if r.has_shared_prefix else -1,
+                spec.shared_prefix_len if r.has_shared_prefix else 0,
+            )
             for i, r in enumerate(trace)
         ]
     else:
@@ -240,8 +251,9 @@ def simulate_point(
     elif load.kind == CLOSED:
         times = None
     else:
-        times = open_loop_times(config.arrivals.process, load.value, config.arrivals.cv,
-                                len(requests), spec.seed)
+        times = open_loop_times(
+            config.arrivals.process, load.value, config.arrivals.cv, len(requests), spec.seed
+        )
     clients.append(_Clients(cluster, loop, config, load, requests, times))
     client = clients[0]
     if burst_spec is not None:
@@ -252,8 +264,10 @@ def simulate_point(
     if horizon is None:
         last = max(times) if times else 0.0
         horizon = 10 * last + 36_000.0
-    while not loop.is_empty and loop.now <= horizon and not (
-        client.is_done and client.num_bursts_in_flight == 0
+    while (
+        not loop.is_empty
+        and loop.now <= horizon
+        and not (client.is_done and client.num_bursts_in_flight == 0)
     ):
         loop.run(until=min(horizon, loop.now + 60.0))
     loop.run(until=loop.now)  # what is due now (the last finish's followers)
@@ -283,8 +297,9 @@ def simulate_point(
     )
 
 
-def _schedule_bursts(loop: EventLoop, cluster: Cluster, client: _Clients, spec: object,
-                     workload: object) -> None:
+def _schedule_bursts(
+    loop: EventLoop, cluster: Cluster, client: _Clients, spec: object, workload: object
+) -> None:
     from pdserve.bench.bursts import BurstSpec
     from pdserve.bench.workload import WorkloadSpec
 
@@ -311,8 +326,14 @@ def _sample_interval(load: LoadPoint, n: int, config: SimConfig) -> float:
 
 
 class _Sampler:
-    def __init__(self, loop: EventLoop, cluster: Cluster, samples: Samples, client: _Clients,
-                 interval_s: float) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        cluster: Cluster,
+        samples: Samples,
+        client: _Clients,
+        interval_s: float,
+    ) -> None:
         self.loop = loop
         self.cluster = cluster
         self.s = samples
@@ -363,7 +384,8 @@ def _pool_stats(cluster: Cluster, duration: float) -> list[PoolStats]:
                 num_preemptions=sum(w.num_preemptions for w in pool),
                 num_swapped_blocks=sum(w.num_swapped_blocks for w in pool),
                 transfer_bytes=sum(cluster.links[w.name].num_bytes for w in pool)
-                if role == "decode" else 0,
+                if role == "decode"
+                else 0,
             )
         )
     return out

@@ -26,8 +26,9 @@ class WorkerSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.preemption_mode not in ("auto", "swap", "recompute"):
-            raise ValueError(f"preemption_mode must be auto, swap or recompute, "
-                             f"got {self.preemption_mode!r}")
+            raise ValueError(
+                f"preemption_mode must be auto, swap or recompute, got {self.preemption_mode!r}"
+            )
         if self.long_prefill_token_threshold < 0 or self.swap_threshold_tokens < 0:
             raise ValueError("thresholds must not be negative")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -131,9 +131,7 @@ def load_trace(path: Path, point: int = 0) -> list[TraceRequest]:
     return out
 
 
-def open_loop_times(
-    process: str, rate: float, cv: float, num: int, seed: int
-) -> list[float]:
+def open_loop_times(process: str, rate: float, cv: float, num: int, seed: int) -> list[float]:
     if process == "poisson":
         return poisson_arrival_times(rate, num, seed)
     if process == "gamma":

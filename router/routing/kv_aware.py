@@ -75,18 +75,27 @@ class KvAwarePolicy:
         # tens of thousands of times a simulated hour); hit = request.cached(worker).
         ts = self.transfer_scale
         hits = self._hits(request, decode_ok)
-        ranked_decode = self._rank(decode_ok, [
-            c.num_used_blocks + ts * (blocks - hit) for c, hit in zip(decode_ok, hits, strict=True)
-        ], hits)
+        ranked_decode = self._rank(
+            decode_ok,
+            [
+                c.num_used_blocks + ts * (blocks - hit)
+                for c, hit in zip(decode_ok, hits, strict=True)
+            ],
+            hits,
+        )
         ranked_prefill: list[tuple[RouteCandidate, float, int]] = []
         if prefill:
             prefill_ok = self._under_cap(prefill)
             hits = self._hits(request, prefill_ok)
             scale, size = self.prefill_load_scale, request.block_size
-            ranked_prefill = self._rank(prefill_ok, [
-                scale * (blocks - hit + c.num_queued_prefill_tokens / size)
-                for c, hit in zip(prefill_ok, hits, strict=True)
-            ], hits)
+            ranked_prefill = self._rank(
+                prefill_ok,
+                [
+                    scale * (blocks - hit + c.num_queued_prefill_tokens / size)
+                    for c, hit in zip(prefill_ok, hits, strict=True)
+                ],
+                hits,
+            )
         # Local prefill on d is allowed when its uncached part is short or it holds most of
         # the prompt (or there is no prefill worker).
         short, most = self.local_prefill_max_blocks, self.local_prefill_hit_ratio * blocks
@@ -98,8 +107,11 @@ class KvAwarePolicy:
             # the rule: the chosen decode worker prefills itself
             local = first, first.num_used_blocks + local_scale * (blocks - first_hit)
         elif request.cached_blocks:  # no hit anywhere: each worker is as ineligible as the first
-            eligible = [(c, hit) for c, _, hit in ranked_decode
-                        if blocks - hit <= short or (blocks > 0 and hit >= most)]
+            eligible = [
+                (c, hit)
+                for c, _, hit in ranked_decode
+                if blocks - hit <= short or (blocks > 0 and hit >= most)
+            ]
             if eligible:
                 costs = [c.num_used_blocks + local_scale * (blocks - hit) for c, hit in eligible]
                 cheapest = min(costs)

@@ -16,9 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_prints_each_source_against_the_fma_peak() -> None:
     cpu_ops()
     out = subprocess.run(
-        [sys.executable, "benchmarks/gemm_sources.py", "--rows", "4", "--passes", "1",
-         "--layers", "2"],
-        cwd=ROOT, check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "benchmarks/gemm_sources.py",
+            "--rows",
+            "4",
+            "--passes",
+            "1",
+            "--layers",
+            "2",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     ).stdout
     assert "8 packed decode GEMMs, M=4" in out
     for source in ("memory", "L3", "L2"):

@@ -38,8 +38,9 @@ def test_plan_covers_the_gpu_path_within_six_minutes() -> None:
         command = by_name[name].command
         assert "--gpu-roofline" in command and "pdserve,hf-static" in command
         assert command[command.index("--hf-device") + 1] == "cuda"
-        assert command[command.index("--hf-dtype") + 1] == (
-            command[command.index("--pdserve-dtype") + 1]
+        assert (
+            command[command.index("--hf-dtype") + 1]
+            == (command[command.index("--pdserve-dtype") + 1])
         )
     for s in steps:  # every script and test path the steps name exists
         for part in s.command:

@@ -46,11 +46,19 @@ def test_least_loaded_ranks_as_the_tuple_sort_in_any_input_order(seed: int) -> N
     rng = random.Random(seed)
     ll = make_policy("least_loaded")
     for _ in range(20):
-        d = [cand(f"d{i}", used=rng.choice([0, 0, 16, 32, 100]),
-                  active=rng.choice([0, 0, 1, 2]), blocks=rng.choice([0, 1, 200, 1000]))
-             for i in range(rng.randint(1, 60))]
-        p = [cand(f"p{i}", active=rng.choice([0, 1]), queued=rng.choice([0, 0, 64, 512]))
-             for i in range(rng.randint(0, 20))]
+        d = [
+            cand(
+                f"d{i}",
+                used=rng.choice([0, 0, 16, 32, 100]),
+                active=rng.choice([0, 0, 1, 2]),
+                blocks=rng.choice([0, 1, 200, 1000]),
+            )
+            for i in range(rng.randint(1, 60))
+        ]
+        p = [
+            cand(f"p{i}", active=rng.choice([0, 1]), queued=rng.choice([0, 0, 64, 512]))
+            for i in range(rng.randint(0, 20))
+        ]
         rng.shuffle(d)
         rng.shuffle(p)
         choice = ll.choose(RouteRequest(64, 16), d, p)
@@ -60,8 +68,9 @@ def test_least_loaded_ranks_as_the_tuple_sort_in_any_input_order(seed: int) -> N
 
         ranked = sorted(d, key=lambda c: (load(c), c.num_active_requests, c.worker_id))
         assert choice.decode_ranking == tuple((c.worker_id, load(c)) for c in ranked)
-        pre = sorted(p, key=lambda c: (c.num_queued_prefill_tokens, c.num_active_requests,
-                                       c.worker_id))
+        pre = sorted(
+            p, key=lambda c: (c.num_queued_prefill_tokens, c.num_active_requests, c.worker_id)
+        )
         assert choice.prefill_ranking == tuple(c.worker_id for c in pre)
         assert choice.prefill_id == (pre[0].worker_id if p else None)
 
@@ -112,15 +121,23 @@ def _kv_aware_decisions(seed: int) -> str:
     h = hashlib.sha256()
     for _ in range(40):
         kv = KvAwarePolicy(
-            transfer_scale=rng.choice([0.25, 1.0]), local_prefill_max_blocks=rng.choice([0, 2, 8]),
-            local_prefill_hit_ratio=rng.choice([0.5, 0.75]), share_cap=rng.choice([1.0, 1.5, 3.0]),
-            temperature=rng.choice([0.0, 0.0, 0.5]), seed=rng.randrange(100))
+            transfer_scale=rng.choice([0.25, 1.0]),
+            local_prefill_max_blocks=rng.choice([0, 2, 8]),
+            local_prefill_hit_ratio=rng.choice([0.5, 0.75]),
+            share_cap=rng.choice([1.0, 1.5, 3.0]),
+            temperature=rng.choice([0.0, 0.0, 0.5]),
+            seed=rng.randrange(100),
+        )
         for _ in range(10):
             nd, np = rng.randint(1, 40), rng.choice([0, 1, 5, 20])
-            d = [cand(f"d{i}", used=rng.choice([0, 0, 16, 64, 300]),
-                      active=rng.choice([0, 0, 1, 3])) for i in range(nd)]
-            p = [cand(f"p{i}", active=rng.choice([0, 1]), queued=rng.choice([0, 0, 64, 1024]))
-                 for i in range(np)]
+            d = [
+                cand(f"d{i}", used=rng.choice([0, 0, 16, 64, 300]), active=rng.choice([0, 0, 1, 3]))
+                for i in range(nd)
+            ]
+            p = [
+                cand(f"p{i}", active=rng.choice([0, 1]), queued=rng.choice([0, 0, 64, 1024]))
+                for i in range(np)
+            ]
             names = [c.worker_id for c in d + p]
             hit = rng.sample(names, min(len(names), rng.choice([0, 0, 1, 3, 8])))
             cached = {w: rng.randint(1, 12) for w in hit}
@@ -136,7 +153,11 @@ def test_kv_aware_decisions_are_pinned() -> None:
     decisions the local-or-remote choice and every ranking's costs stayed the same, only
     which of the tied workers comes first changed.)"""
     assert [_kv_aware_decisions(s) for s in range(4)] == [
-        "b195a0198b3138e3", "79c3b14e7dab9688", "c7278e401122ea33", "f42bb26f6aea753d"]
+        "b195a0198b3138e3",
+        "79c3b14e7dab9688",
+        "c7278e401122ea33",
+        "f42bb26f6aea753d",
+    ]
 
 
 def test_kv_aware_draws_the_first_of_its_ties_uniformly() -> None:
@@ -144,10 +165,10 @@ def test_kv_aware_draws_the_first_of_its_ties_uniformly() -> None:
     often as the others (ties placed apart and together: a rotation alone would not be
     uniform), and the dearer workers never do."""
     kv = KvAwarePolicy(seed=3)
-    d = [cand("a"), cand("b"), cand("x", used=9), cand("y", used=9), cand("c"),
-         cand("z", used=9)]
-    counts = Counter(kv.choose(RouteRequest(64, 16), d, [cand("p0")]).decode_id
-                     for _ in range(3000))
+    d = [cand("a"), cand("b"), cand("x", used=9), cand("y", used=9), cand("c"), cand("z", used=9)]
+    counts = Counter(
+        kv.choose(RouteRequest(64, 16), d, [cand("p0")]).decode_id for _ in range(3000)
+    )
     assert set(counts) == {"a", "b", "c"}
     assert all(850 < counts[w] < 1150 for w in "abc"), counts
 

@@ -170,8 +170,9 @@ def test_killed_restarted_and_missed_workers_over_real_redis(
             time.sleep(2.0)  # the KV events (every 0.25 s) reach the routers' indexes
         reasons = {
             k.split('reason="')[1].split('"')[0]
-            for k, v in _metric(cluster.routers["kv_aware"], "pdserve_router_routing_decisions")
-            .items()
+            for k, v in _metric(
+                cluster.routers["kv_aware"], "pdserve_router_routing_decisions"
+            ).items()
             if v > 0
         }
         assert "local_prefill" in reasons and reasons & {"kv_hit", "load"}, reasons

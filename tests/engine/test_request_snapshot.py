@@ -51,8 +51,11 @@ def test_a_snapshot_continues_on_another_engine_token_for_token(llama: Path) -> 
     prompt = random_prompts(1, 200, 30, 30, seed=6)[0]
     full = hf_greedy(llama, prompt, 14)
     first = make_engine(llama)
-    first.add_request("m", prompt_token_ids=prompt,
-                      sampling_params=SamplingParams(temperature=0, max_tokens=14, ignore_eos=True))
+    first.add_request(
+        "m",
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(temperature=0, max_tokens=14, ignore_eos=True),
+    )
     for _ in range(6):
         first.step()
     snap = first.snapshot("m")
@@ -61,7 +64,8 @@ def test_a_snapshot_continues_on_another_engine_token_for_token(llama: Path) -> 
     second = make_engine(llama)
     resumed = SamplingParams(temperature=0, max_tokens=snap.remaining_max_tokens, ignore_eos=True)
     second.add_request(
-        "m", prompt_token_ids=list(snap.prompt_token_ids + snap.output_token_ids),
+        "m",
+        prompt_token_ids=list(snap.prompt_token_ids + snap.output_token_ids),
         sampling_params=resumed,
     )
     rest = run_to_completion(second)["m"].token_ids

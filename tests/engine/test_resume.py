@@ -36,7 +36,11 @@ def _whole(engine: LLMEngine, rid: str, prompt: list[int], params: SamplingParam
 
 
 def _migrated(
-    first: LLMEngine, second: LLMEngine, rid: str, prompt: list[int], params: SamplingParams,
+    first: LLMEngine,
+    second: LLMEngine,
+    rid: str,
+    prompt: list[int],
+    params: SamplingParams,
     switch_after: int,
 ) -> tuple[list[int], str, RequestOutput, list[float]]:
     """Run ``switch_after`` tokens on ``first``, then continue on ``second``; the client's

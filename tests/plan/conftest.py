@@ -40,8 +40,11 @@ def config_dict(**tables: dict[str, Any]) -> dict[str, Any]:
     """A simulation config: a 1P1D cluster of the test profile plus ``tables`` on top."""
     d: dict[str, Any] = {
         "cluster": {"profile": "test-cpu"},
-        "workload": {"num_requests": 24, "prompt_len": "uniform:32:512",
-                     "output_len": "uniform:16:128"},
+        "workload": {
+            "num_requests": 24,
+            "prompt_len": "uniform:32:512",
+            "output_len": "uniform:16:128",
+        },
         "load": {"kind": "closed", "concurrency": [4]},
     }
     for name, values in tables.items():

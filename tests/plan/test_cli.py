@@ -42,9 +42,29 @@ def test_calibrate_a_real_engine_then_simulate(
 ) -> None:
     model = model_factory("plan-cal", max_position_embeddings=4096)
     out = tmp_path / "tiny.json"
-    assert main(["plan", "calibrate", "engine", "--model", str(model), "--quick", "--name",
-                 "tiny-cpu", "--out", str(out), "--transfer", "tcp:65536:0.0005",
-                 "--transfer", "tcp:16777216:0.006", "--num-kv-blocks", "512"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "calibrate",
+                "engine",
+                "--model",
+                str(model),
+                "--quick",
+                "--name",
+                "tiny-cpu",
+                "--out",
+                str(out),
+                "--transfer",
+                "tcp:65536:0.0005",
+                "--transfer",
+                "tcp:16777216:0.006",
+                "--num-kv-blocks",
+                "512",
+            ]
+        )
+        == 0
+    )
     p = load_profile(out)
     assert p.name == "tiny-cpu" and p.model.block_size == 16
     assert p.model.kv_bytes_per_token > 0 and p.step.base_s > 0
@@ -70,12 +90,28 @@ def test_search_writes_helm_values(tmp_path: Path) -> None:
     profile = tmp_path / "test-cpu.json"
     save_profile(make_profile(), profile)
     cfg = tmp_path / "sim.toml"
-    cfg.write_text(CONFIG.format(profile=profile).replace("[placement]\ngroups = [{ cores = 1, "
-                                                          "workers = [\"decode-0\", "
-                                                          "\"decode-1\"] }]\n", ""))
+    cfg.write_text(
+        CONFIG.format(profile=profile).replace(
+            '[placement]\ngroups = [{ cores = 1, workers = ["decode-0", "decode-1"] }]\n', ""
+        )
+    )
     values = tmp_path / "values.yaml"
-    assert main(["plan", "search", str(cfg), "--workers", "3", "--helm-values", str(values),
-                 "--json", str(tmp_path / "all.json")]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "search",
+                str(cfg),
+                "--workers",
+                "3",
+                "--helm-values",
+                str(values),
+                "--json",
+                str(tmp_path / "all.json"),
+            ]
+        )
+        == 0
+    )
     v = yaml.safe_load(values.read_text())
     assert v["prefill"]["replicas"] + v["decode"]["replicas"] == 3
     rows = json.loads((tmp_path / "all.json").read_text())

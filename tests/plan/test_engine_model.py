@@ -49,8 +49,11 @@ def random_config(seed: int) -> tuple[dict[str, Any], Profile]:
         load = {"kind": "open", "rates": [rng.choice([1.0, 4.0, 20.0])]}
     d = config_dict(
         cluster=cluster,
-        router={"policy": policy, "options": options,
-                "load_view": rng.choice(["exact", "polled", "reported"])},
+        router={
+            "policy": policy,
+            "options": options,
+            "load_view": rng.choice(["exact", "polled", "reported"]),
+        },
         workload={
             "num_requests": 40,
             "prompt_len": rng.choice(["uniform:16:700", "lognormal:200:0.8:1200"]),
@@ -93,8 +96,7 @@ def checking_integrity() -> Iterator[list[int]]:
 def records_of(r: SimResult) -> list[tuple[Any, ...]]:
     recs = r.points[0].records or []
     return [
-        (x.index, x.status, x.num_output_tokens, x.ttft_s, x.e2e_s, tuple(x.itl_s))
-        for x in recs
+        (x.index, x.status, x.num_output_tokens, x.ttft_s, x.e2e_s, tuple(x.itl_s)) for x in recs
     ]
 
 
@@ -125,8 +127,11 @@ def test_preemption_happens_and_every_request_completes() -> None:
     d = config_dict(
         cluster={"mode": "colocated", "num_colocated": 1},
         colocated={"num_kv_blocks": 64, "num_host_blocks": 64, "max_num_batched_tokens": 256},
-        workload={"num_requests": 30, "prompt_len": "uniform:100:300",
-                  "output_len": "uniform:100:200"},
+        workload={
+            "num_requests": 30,
+            "prompt_len": "uniform:100:300",
+            "output_len": "uniform:100:200",
+        },
         load={"kind": "closed", "concurrency": [12]},
         sim={"records": "full"},
     )
@@ -159,9 +164,12 @@ def test_admit_overhead_delays_a_transferred_prompt_only(mode: str) -> None:
     cluster: dict[str, Any] = {"profile": "test-cpu"}
     if mode == "colocated":
         cluster.update(mode="colocated", num_colocated=1)
-    d = config_dict(cluster=cluster, workload={"num_requests": 1, "prompt_len": "uniform:200:200",
-                                               "output_len": "uniform:8:8"},
-                    load={"kind": "closed", "concurrency": [1]}, sim={"records": "full"})
+    d = config_dict(
+        cluster=cluster,
+        workload={"num_requests": 1, "prompt_len": "uniform:200:200", "output_len": "uniform:8:8"},
+        load={"kind": "closed", "concurrency": [1]},
+        sim={"records": "full"},
+    )
     base = make_profile()
     late = replace(base, overhead=Overhead(base.overhead.dispatch_s, 0.25, base.overhead.stream_s))
     (a,) = records_of(simulate(SimConfig.from_dict(d), {"test-cpu": base}))
@@ -178,9 +186,15 @@ def test_an_imported_prompt_streams_its_first_token_at_the_end_of_the_step_it_jo
     profile = make_profile()
 
     def lone(num_output: int) -> tuple[Any, ...]:
-        d = config_dict(workload={"num_requests": 1, "prompt_len": "uniform:200:200",
-                                  "output_len": f"uniform:{num_output}:{num_output}"},
-                        load={"kind": "closed", "concurrency": [1]}, sim={"records": "full"})
+        d = config_dict(
+            workload={
+                "num_requests": 1,
+                "prompt_len": "uniform:200:200",
+                "output_len": f"uniform:{num_output}:{num_output}",
+            },
+            load={"kind": "closed", "concurrency": [1]},
+            sim={"records": "full"},
+        )
         (rec,) = records_of(simulate(SimConfig.from_dict(d), {"test-cpu": profile}))
         return rec
 

@@ -18,8 +18,14 @@ from pdserve.plan.profile_format import Profile, StepSample, SwapSample, load_pr
 from pdserve.plan.step_shape import StepShape
 from tests.plan.conftest import make_profile
 
-TRUE = StepCost(base_s=0.04, per_token_s=0.002, per_seq_s=0.001, per_sampled_s=0.0,
-                per_context_token_s=3e-6, per_attention_pair_s=2e-8)
+TRUE = StepCost(
+    base_s=0.04,
+    per_token_s=0.002,
+    per_seq_s=0.001,
+    per_sampled_s=0.0,
+    per_context_token_s=3e-6,
+    per_attention_pair_s=2e-8,
+)
 
 
 def samples(seed: int, noise: float) -> list[StepSample]:
@@ -39,11 +45,17 @@ def samples(seed: int, noise: float) -> list[StepSample]:
 
 
 def test_exact_samples_give_the_coefficients_back() -> None:
-    cost, report = fit_step_cost(samples(0, 0.0), use=("base_s", "per_token_s", "per_seq_s",
-                                                       "per_context_token_s",
-                                                       "per_attention_pair_s"))
-    for name in ("base_s", "per_token_s", "per_seq_s", "per_context_token_s",
-                 "per_attention_pair_s"):
+    cost, report = fit_step_cost(
+        samples(0, 0.0),
+        use=("base_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s"),
+    )
+    for name in (
+        "base_s",
+        "per_token_s",
+        "per_seq_s",
+        "per_context_token_s",
+        "per_attention_pair_s",
+    ):
         assert getattr(cost, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     assert report.max_rel_error < 1e-9
     assert cost.fit["num_points"] == len(samples(0, 0.0))
@@ -53,9 +65,17 @@ def test_noisy_samples_fit_within_the_noise_and_never_go_negative() -> None:
     s = samples(3, 0.05)
     cost, report = fit_step_cost(s)
     assert report.median_rel_error < 0.05 and report.max_rel_error < 0.12
-    assert all(v >= 0 for v in (cost.base_s, cost.per_token_s, cost.per_seq_s,
-                                cost.per_sampled_s, cost.per_context_token_s,
-                                cost.per_attention_pair_s))
+    assert all(
+        v >= 0
+        for v in (
+            cost.base_s,
+            cost.per_token_s,
+            cost.per_seq_s,
+            cost.per_sampled_s,
+            cost.per_context_token_s,
+            cost.per_attention_pair_s,
+        )
+    )
     for x in s:  # predictions within noise of the truth
         assert cost.seconds(x.shape) == pytest.approx(TRUE.seconds(x.shape), rel=0.1)
     again, _ = fit_step_cost(samples(3, 0.05))
@@ -106,16 +126,18 @@ def test_profile_round_trip_refit_and_typos(tmp_path: Path) -> None:
 
 
 def test_metrics_histograms_give_the_mean_step() -> None:
-    text = "\n".join([
-        "# TYPE pdserve_engine_step_seconds histogram",
-        'pdserve_engine_step_seconds_bucket{model="m",le="+Inf"} 100',
-        'pdserve_engine_step_seconds_sum{model="m"} 12.5',
-        'pdserve_engine_step_seconds_count{model="m"} 100',
-        'pdserve_engine_step_tokens_sum{model="m"} 3200',
-        'pdserve_engine_step_tokens_count{model="m"} 100',
-        'pdserve_engine_step_requests_sum{model="m"} 800',
-        'pdserve_engine_step_requests_count{model="m"} 100',
-    ])
+    text = "\n".join(
+        [
+            "# TYPE pdserve_engine_step_seconds histogram",
+            'pdserve_engine_step_seconds_bucket{model="m",le="+Inf"} 100',
+            'pdserve_engine_step_seconds_sum{model="m"} 12.5',
+            'pdserve_engine_step_seconds_count{model="m"} 100',
+            'pdserve_engine_step_tokens_sum{model="m"} 3200',
+            'pdserve_engine_step_tokens_count{model="m"} 100',
+            'pdserve_engine_step_requests_sum{model="m"} 800',
+            'pdserve_engine_step_requests_count{model="m"} 100',
+        ]
+    )
     w = parse_step_metrics(text, "u")
     got, want = step_factor(TRUE, w, 100.0)
     assert got == pytest.approx(0.125)

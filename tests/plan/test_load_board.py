@@ -72,8 +72,7 @@ def test_sync_equals_a_full_read_and_handed_out_lists_never_change(seed: int) ->
         assert got == [(i, world.values[i]) for i in range(n)]
         # Read: the marked ones and those due; no entry twice.
         assert len(world.reads) == len(set(world.reads))
-        assert set(world.reads) - marked <= {i for i, d in enumerate(world.due)
-                                             if d < math.inf}
+        assert set(world.reads) - marked <= {i for i, d in enumerate(world.due) if d < math.inf}
         assert board.items is got
         assert board.num_timed == sum(d < math.inf for d in world.due)
         handed.append((got, list(got)))
@@ -148,8 +147,9 @@ def test_a_runs_held_blocks_equal_the_blocks_after_the_steps_done(seed: int) -> 
         bs, steps, in_use = rng.choice([1, 4, 16]), rng.randint(0, 50), rng.randint(0, 9)
         d = _decoding(rng, bs, steps)
         k = rng.randint(1, 300)
-        run = DecodeRun(k, rng.choice([0.0, rng.uniform(1e-4, 0.5)]),
-                        rng.choice([0.0, rng.uniform(1e-8, 1e-3)]))
+        run = DecodeRun(
+            k, rng.choice([0.0, rng.uniform(1e-4, 0.5)]), rng.choice([0.0, rng.uniform(1e-8, 1e-3)])
+        )
         total = run.work(k)
         polls, done = [], 0.0
         while done <= total * 1.1:

@@ -14,14 +14,18 @@ from pdserve.plan.profile_format import Profile
 from pdserve.plan.sim_config import SimConfig
 from tests.plan.conftest import config_dict, make_profile
 
-SETTINGS = SearchSettings(requests_per_worker=30, min_requests=60, bisect_steps=4,
-                          min_duration_s=20)
+SETTINGS = SearchSettings(
+    requests_per_worker=30, min_requests=60, bisect_steps=4, min_duration_s=20
+)
 
 
 def base(**tables: dict[str, Any]) -> tuple[SimConfig, dict[str, Profile]]:
     d = config_dict(
-        workload={"num_requests": 60, "prompt_len": "uniform:64:512",
-                  "output_len": "uniform:16:96"},
+        workload={
+            "num_requests": 60,
+            "prompt_len": "uniform:64:512",
+            "output_len": "uniform:16:96",
+        },
         slo={"targets": "ttft=2000ms,tpot=150ms", "min_attainment": 0.9},
         **tables,
     )

@@ -32,7 +32,9 @@ class _Recording:
         self.seen: tuple[list[RouteCandidate], list[RouteCandidate]] = ([], [])
 
     def choose(
-        self, request: RouteRequest, decode: Sequence[RouteCandidate],
+        self,
+        request: RouteRequest,
+        decode: Sequence[RouteCandidate],
         prefill: Sequence[RouteCandidate],
     ) -> RouteChoice:
         self.seen = (list(decode), list(prefill))
@@ -50,17 +52,24 @@ class _Truth:
         self.sends: dict[str, list[int]] = {}
 
     def read(self, pool: list[EngineModel]) -> list[RouteCandidate]:
-        return [RouteCandidate(w.name, w.pool.num_blocks, w.num_blocks_in_use, w.num_active,
-                               self.queued(w)) for w in pool]
+        return [
+            RouteCandidate(
+                w.name, w.pool.num_blocks, w.num_blocks_in_use, w.num_active, self.queued(w)
+            )
+            for w in pool
+        ]
 
     def seen(self, c: RouteCandidate) -> RouteCandidate:
         blocks, active, tokens = self.sends.get(c.worker_id, (0, 0, 0))
         if not (blocks or active):
             return c
-        return RouteCandidate(c.worker_id, c.num_blocks,
-                              min(c.num_blocks, c.num_used_blocks + blocks),
-                              c.num_active_requests + active,
-                              c.num_queued_prefill_tokens + tokens)
+        return RouteCandidate(
+            c.worker_id,
+            c.num_blocks,
+            min(c.num_blocks, c.num_used_blocks + blocks),
+            c.num_active_requests + active,
+            c.num_queued_prefill_tokens + tokens,
+        )
 
 
 @contextmanager
@@ -124,15 +133,20 @@ def random_cluster(seed: int) -> dict[str, Any]:
         tables["placement"] = {"groups": [{"cores": 1.0, "workers": shared}]}
     return config_dict(
         cluster={"num_prefill": num_prefill, "num_decode": num_decode},
-        router={"policy": rng.choice(["round_robin", "least_loaded", "kv_aware"]),
-                "load_view": rng.choice(["exact", "polled", "reported"]),
-                "load_interval_s": rng.choice([0.05, 0.1, 0.5])},
-        decode={"num_kv_blocks": rng.choice([120, 400, 1456]),
-                "max_num_seqs": rng.choice([4, 32])},
-        workload={"num_requests": 120, "prompt_len": "uniform:16:400",
-                  "output_len": rng.choice(["uniform:1:40", "uniform:20:200"]),
-                  "shared_prefix_len": rng.choice([0, 64]), "shared_prefix_fraction": 0.5,
-                  "seed": seed},
+        router={
+            "policy": rng.choice(["round_robin", "least_loaded", "kv_aware"]),
+            "load_view": rng.choice(["exact", "polled", "reported"]),
+            "load_interval_s": rng.choice([0.05, 0.1, 0.5]),
+        },
+        decode={"num_kv_blocks": rng.choice([120, 400, 1456]), "max_num_seqs": rng.choice([4, 32])},
+        workload={
+            "num_requests": 120,
+            "prompt_len": "uniform:16:400",
+            "output_len": rng.choice(["uniform:1:40", "uniform:20:200"]),
+            "shared_prefix_len": rng.choice([0, 64]),
+            "shared_prefix_fraction": 0.5,
+            "seed": seed,
+        },
         load={"kind": "open", "rates": [rng.choice([5.0, 20.0, 60.0])]},
         sim={"records": "compact"},
         **tables,

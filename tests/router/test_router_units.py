@@ -248,15 +248,9 @@ def test_drain_refuses_new_requests_and_fails_unfinished_ones_at_the_grace() -> 
     router = Router(backend, Admission(4))
 
     async def main() -> None:
-        quick = await router.prepare(
-            SamplingParams(max_tokens=3), prompt="abc", request_id="quick"
-        )
-        slow = await router.prepare(
-            SamplingParams(max_tokens=60), prompt="abc", request_id="slow"
-        )
-        waiting = await router.prepare(
-            SamplingParams(max_tokens=60), prompt="abc", request_id="w"
-        )
+        quick = await router.prepare(SamplingParams(max_tokens=3), prompt="abc", request_id="quick")
+        slow = await router.prepare(SamplingParams(max_tokens=60), prompt="abc", request_id="slow")
+        waiting = await router.prepare(SamplingParams(max_tokens=60), prompt="abc", request_id="w")
 
         async def run(req: GenerateRequest, deadline: float | None) -> list[Any]:
             with router.admit():
