@@ -8,13 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.http_ready import wait_http_ok  # noqa: E402
 from pdserve.bench.metrics import Summary  # noqa: E402
 from pdserve.ports import free_port  # noqa: E402
 
@@ -47,23 +47,6 @@ def _start(cmd: list[str], cpus: list[int], log: Path) -> subprocess.Popen[bytes
     )
 
 
-def _wait_http(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("router not healthy")
-
-
 def run_real(name: str, config_path: Path, out: Path) -> Summary:
     """Start the shape's processes, run ``pdserve bench``, stop them."""
     return run_benches(name, [(name, config_path)], out)[name]
@@ -80,25 +63,11 @@ def run_benches(name: str, benches: list[tuple[str, Path]], out: Path) -> dict[s
     http = free_port()
     metrics: dict[str, list[str]] = {"prefill": [], "decode": []}
     py = [sys.executable, "-m", "pdserve.cli"]
+    front = ["--grpc-port", "0", "--http-port", str(http)]  # the router's (or colocated server's)
     try:
         if name == "colocated":
-            procs.append(
-                _start(
-                    [
-                        *py,
-                        "serve",
-                        "--colocated",
-                        "--model",
-                        str(MODEL),
-                        "--grpc-port",
-                        "0",
-                        "--http-port",
-                        str(http),
-                    ],
-                    decode_cpus,
-                    out / f"{name}-serve.log",
-                )
-            )
+            serve = [*py, "serve", "--colocated", "--model", str(MODEL), *front]
+            procs.append(_start(serve, decode_cpus, out / f"{name}-serve.log"))
             metrics["decode"].append(f"http://127.0.0.1:{http}/metrics")
         else:
             targets: dict[str, list[str]] = {"prefill": [], "decode": []}
@@ -120,22 +89,13 @@ def run_benches(name: str, benches: list[tuple[str, Path]], out: Path) -> dict[s
                     procs.append(p)
                     wait_healthy(f"127.0.0.1:{port}", p, 300)
                     targets[role].append(f"127.0.0.1:{port}")
-            cmd = [
-                *py,
-                "router",
-                "--model",
-                str(MODEL),
-                "--grpc-port",
-                "0",
-                "--http-port",
-                str(http),
-            ]
+            cmd = [*py, "router", "--model", str(MODEL), *front]
             for t in targets["prefill"]:
                 cmd += ["--prefill", t]
             for t in targets["decode"]:
                 cmd += ["--decode", t]
             procs.append(_start(cmd, [0, 1], out / f"{name}-router.log"))
-        _wait_http(http, procs[-1])
+        wait_http_ok(f"http://127.0.0.1:{http}/health", 300, procs[-1])
         summaries = {}
         for label, config_path in benches:
             res = out / f"real-{label}"

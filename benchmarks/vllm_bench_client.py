@@ -21,13 +21,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.http_ready import wait_http_ok  # noqa: E402
 from pdserve.ports import free_port  # noqa: E402
 
 _CLIENT = """
@@ -38,19 +37,6 @@ parser = FlexibleArgumentParser()
 serve.add_cli_args(parser)
 serve.main(parser.parse_args(sys.argv[1:]))
 """
-
-
-def _wait_healthy(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                if json.load(r)["status"] == "ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("pdserve never became healthy")
 
 
 def main() -> int:
@@ -76,7 +62,7 @@ def main() -> int:
     summary: dict[str, object] = {"server": " ".join(cmd[1:]), "runs": {}}
     ok = True
     try:
-        _wait_healthy(url, 300)
+        wait_http_ok(f"{url}/health", 300, server)
         with tempfile.TemporaryDirectory() as results:
             for endpoint, backend in (("/v1/completions", "openai"),
                                       ("/v1/chat/completions", "openai-chat")):  # fmt: skip

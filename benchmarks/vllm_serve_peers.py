@@ -23,13 +23,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.http_ready import wait_http_ok  # noqa: E402
 from benchmarks.offline_throughput import DEFAULT_MODEL_DIR  # noqa: E402
 from benchmarks.vllm_bench_client import _CLIENT  # noqa: E402
 from benchmarks.workloads import ensure_model_folder  # noqa: E402
@@ -57,21 +56,6 @@ def server_command(kind: str, model: str, port: int, vllm_python: str, kv_gib: i
         *cmd, "--prefill-port", "0", "--decode-port", "0",
         "--decode-metrics-port", "-1", "--prefill-metrics-port", "-1",
     ]  # fmt: skip
-
-
-def wait_ready(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited with {server.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"server at {url} not ready after {timeout_s:.0f} s")
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
@@ -116,7 +100,7 @@ def measure(a: argparse.Namespace, kind: str, model: str, results: str) -> dict[
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, server, a.ready_timeout)
+        wait_http_ok(f"{url}/v1/models", a.ready_timeout, server, interval_s=1.0)
         load_before = os.getloadavg()[0]
         r = run_client(a, url, model, results, kind)
         load_after = os.getloadavg()[0]
