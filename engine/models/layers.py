@@ -48,13 +48,17 @@ class RMSNorm(nn.Module):
 class PackedLinear(nn.Module):
     """A float32 ``nn.Linear`` whose weight is packed once into the compiled GEMM's panels."""
 
-    def __init__(self, linear: nn.Linear, kernels: Any) -> None:
+    def __init__(self, linear: nn.Linear, kernels: Any, packed: torch.Tensor | None = None) -> None:
+        """``packed``: the weight already packed (``engine.packed_weights``); packed here
+        into its own allocation when None."""
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.kernels = kernels
         self.packed: torch.Tensor
-        self.register_buffer("packed", kernels.pack_linear_weight(linear.weight.detach()))
+        if packed is None:
+            packed = kernels.pack_linear_weight(linear.weight.detach())
+        self.register_buffer("packed", packed)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

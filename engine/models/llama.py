@@ -22,6 +22,7 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.fused_layers import FusedLayers
 from engine.models.layers import PackedLinear, RMSNorm, RotaryEmbedding, StepRotary
+from engine.packed_weights import pack_into_one_buffer
 
 # PDSERVE_FUSED_LAYERS=0 keeps the per-kernel Python layer on the CPU kernels (to profile the
 # kernels one by one, or to compare).
@@ -159,10 +160,16 @@ class LlamaForCausalLM(nn.Module):
         self.use_pointwise_kernels(kernels)
         if self.embed_tokens.weight.dtype != torch.float32:
             return
-        for parent in list(self.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, PackedLinear(child, kernels))
+        # Every packed weight in one buffer on huge pages, in the order a step reads them.
+        linears = [
+            (parent, name, child)
+            for parent in list(self.modules())
+            for name, child in list(parent.named_children())
+            if isinstance(child, nn.Linear)
+        ]
+        packed = pack_into_one_buffer([child for _, _, child in linears], kernels)
+        for (parent, name, child), weight in zip(linears, packed, strict=True):
+            setattr(parent, name, PackedLinear(child, kernels, weight))
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         if all(layer.can_fuse() for layer in layers):
             self._fused = FusedLayers.of(layers)

@@ -1,0 +1,79 @@
+"""The float32 linear layers' packed weights share one buffer on huge pages
+(engine/packed_weights.py): the same panels as packing each weight alone, the same outputs, and
+2 MiB pages read back from /proc/self/smaps where the kernel's THP allows them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.engine_config import EngineConfig
+from engine.huge_pages import HUGE_PAGE, WEIGHT_HUGE_PAGES_ENV
+from engine.llm_engine import LLMEngine
+from engine.models.layers import PackedLinear
+from engine.packed_weights import pack_into_one_buffer
+from tests.conftest import TINY_ARCHS
+from tests.engine.test_huge_pages import anon_huge_kib, thp_mode
+from tests.kernels.cpu_ops import cpu_ops
+
+
+def layers() -> list[nn.Linear]:
+    """SmolLM2-135M's four decoder projections (one layer, ~14 MiB packed) and a ragged one
+    whose output is not a whole number of panels."""
+    torch.manual_seed(0)
+    shapes = [(576, 960), (576, 576), (576, 3072), (1536, 576), (100, 37)]
+    return [nn.Linear(k, n, bias=False) for k, n in shapes]
+
+
+def test_views_of_one_buffer_hold_each_weights_own_panels() -> None:
+    ops = cpu_ops()
+    linears = layers()
+    packed = pack_into_one_buffer(linears, ops)
+    base = packed[0].untyped_storage().data_ptr()
+    assert packed[0].data_ptr() % HUGE_PAGE == 0  # the buffer starts on a 2 MiB boundary
+    for linear, view in zip(linears, packed, strict=True):
+        assert view.untyped_storage().data_ptr() == base  # one buffer
+        alone = ops.pack_linear_weight(linear.weight.detach())
+        assert view.shape == alone.shape and view.is_contiguous()
+        assert torch.equal(view, alone)
+    # In order, back to back: the step streams them in this order.
+    ends = [v.data_ptr() + v.numel() * 4 for v in packed[:-1]]
+    assert ends == [v.data_ptr() for v in packed[1:]]
+    x = torch.randn(18, 576)
+    layer = PackedLinear(linears[2], ops, packed[2])
+    torch.testing.assert_close(layer(x), F.linear(x, linears[2].weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    thp_mode() not in ("always", "madvise"),
+    reason="the kernel's transparent huge pages are off here ('never' or absent): madvise is "
+    "accepted but no huge page is given (CI machines run 'madvise')",
+)
+def test_the_buffer_is_on_huge_pages_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = cpu_ops()
+    packed = pack_into_one_buffer(layers(), ops)
+    start = packed[0].data_ptr()
+    end = packed[-1].data_ptr() + packed[-1].numel() * 4
+    assert end - start >= 6 * HUGE_PAGE
+    # (Linux may fall back to 4 KiB pages where it finds no free 2 MiB ones: half is the bar)
+    assert anon_huge_kib(start, end) * 1024 >= (end - start) // HUGE_PAGE * HUGE_PAGE // 2
+    monkeypatch.setenv(WEIGHT_HUGE_PAGES_ENV, "0")  # the operator's off switch
+    off = pack_into_one_buffer(layers(), ops)
+    start = off[0].data_ptr()
+    assert anon_huge_kib(start, start + 6 * HUGE_PAGE) == 0
+
+
+def test_the_engine_packs_every_linear_into_one_buffer(model_factory) -> None:  # type: ignore[no-untyped-def]
+    cpu_ops()
+    folder: Path = model_factory("llama", **TINY_ARCHS["llama"])
+    config = EngineConfig(
+        model=str(folder), dtype="float32", device="cpu", kv_cache_memory_gb=1 / 16
+    )
+    model = LLMEngine(config).model
+    packed = [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
+    assert packed and not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert len({p.untyped_storage().data_ptr() for p in packed}) == 1
