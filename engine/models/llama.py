@@ -161,15 +161,11 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_tokens.weight.dtype != torch.float32:
             return
         # Every packed weight in one buffer on huge pages, in the order a step reads them.
-        linears = [
-            (parent, name, child)
-            for parent in list(self.modules())
-            for name, child in list(parent.named_children())
-            if isinstance(child, nn.Linear)
-        ]
-        packed = pack_into_one_buffer([child for _, _, child in linears], kernels)
-        for (parent, name, child), weight in zip(linears, packed, strict=True):
-            setattr(parent, name, PackedLinear(child, kernels, weight))
+        linears = [(n, m) for n, m in self.named_modules() if isinstance(m, nn.Linear)]
+        packed = pack_into_one_buffer([m for _, m in linears], kernels)
+        for (name, child), weight in zip(linears, packed, strict=True):
+            parent, _, attr = name.rpartition(".")
+            setattr(self.get_submodule(parent), attr, PackedLinear(child, kernels, weight))
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         if all(layer.can_fuse() for layer in layers):
             self._fused = FusedLayers.of(layers)

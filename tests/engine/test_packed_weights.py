@@ -77,3 +77,5 @@ def test_the_engine_packs_every_linear_into_one_buffer(model_factory) -> None:  
     packed = [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
     assert packed and not any(isinstance(m, nn.Linear) for m in model.modules())
     assert len({p.untyped_storage().data_ptr() for p in packed}) == 1
+    # In the order a step reads them: the layers' projections, then lm_head.
+    assert [p.data_ptr() for p in packed] == sorted(p.data_ptr() for p in packed)
