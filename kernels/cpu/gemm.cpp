@@ -146,8 +146,14 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
           // out over the row blocks, so its fetch overlaps their arithmetic (the hardware
           // prefetcher only follows demand misses, and the row blocks after the first miss
           // nothing).
+          // A slice that one row block reads (m <= MR: small decode batches) is not
+          // prefetched: the hardware's stream prefetcher keeps up with that single pass, and
+          // software prefetches on top of it only take miss slots (at 8 rows the 30 layers'
+          // GEMMs ran 12% faster without them, at 12 rows 2-4%; docs/benchmarks.md, 2026-12-05).
           const bool last = p + 1 == p_end && k0 + kc >= k;
-          const float* next = last ? (m1 == m ? following_first : nullptr) : panel + kc * NB;
+          const float* next = m1 - m0 <= MR ? nullptr
+                              : last        ? (m1 == m ? following_first : nullptr)
+                                            : panel + kc * NB;
           const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
           const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
           const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
