@@ -15,36 +15,40 @@ import logging
 from typing import Any
 
 import torch
-from torch import nn
 
 from engine.huge_pages import WEIGHT_HUGE_PAGES_ENV, huge_page_aligned
 
 log = logging.getLogger(__name__)
 
 
-def packed_numel(linear: nn.Linear, panel_width: int) -> int:
-    """Floats of ``linear``'s packed weight: ``ceil(out / panel_width)`` panels of
-    ``in x panel_width``."""
-    panels = -(-linear.out_features // panel_width)
-    return panels * linear.in_features * panel_width
+def packed_numel(out_features: int, in_features: int, panel_width: int) -> int:
+    """Floats of a packed ``[out_features, in_features]`` weight: ``ceil(out / panel_width)``
+    panels of ``in x panel_width``."""
+    return -(-out_features // panel_width) * in_features * panel_width
 
 
-def pack_into_one_buffer(linears: list[nn.Linear], kernels: Any) -> list[torch.Tensor]:
-    """Each linear layer's packed weight (``kernels.pack_linear_weight``'s layout), as views of
-    one buffer on huge pages where the host gives them; in the order given."""
-    if not linears:
+def empty_packed_weights(shapes: list[tuple[int, int]], kernels: Any) -> list[torch.Tensor]:
+    """For each ``(out_features, in_features)``, an untouched view shaped as
+    ``kernels.pack_linear_weight`` packs that weight; the views lie back to back, in the order
+    given, in one buffer advised for huge pages. Fill each with ``pack_into``."""
+    if not shapes:
         return []
     panel_width = int(kernels.pack_linear_weight(torch.zeros(1, 1)).shape[2])
-    sizes = [packed_numel(linear, panel_width) for linear in linears]
+    sizes = [packed_numel(n, k, panel_width) for n, k in shapes]
     buf, advised = huge_page_aligned(sum(sizes), torch.float32, WEIGHT_HUGE_PAGES_ENV)
     log.debug(
-        "packed weights: %d MiB, %d MiB advised for huge pages", buf.numel() >> 18, advised >> 20
+        "packed weights: %d MiB, %d MiB advised for huge pages", sum(sizes) >> 18, advised >> 20
     )
     views, offset = [], 0
-    for linear, size in zip(linears, sizes, strict=True):
-        view = buf[offset : offset + size].view(-1, linear.in_features, panel_width)
-        # Packed one at a time into a temporary: the largest (a tied lm_head) is ~100 MiB.
-        view.copy_(kernels.pack_linear_weight(linear.weight.detach()))
-        views.append(view)
+    for (_, k), size in zip(shapes, sizes, strict=True):
+        views.append(buf[offset : offset + size].view(-1, k, panel_width))
         offset += size
     return views
+
+
+def pack_into(view: torch.Tensor, weight: torch.Tensor, kernels: Any) -> torch.Tensor:
+    """Packs ``weight`` into ``view`` (one of ``empty_packed_weights``) and returns the view.
+    The packing goes through a temporary of the weight's size: the caller releases each
+    unpacked weight as it goes, so loading holds about one model, not two."""
+    view.copy_(kernels.pack_linear_weight(weight.detach()))
+    return view

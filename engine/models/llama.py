@@ -22,7 +22,7 @@ from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.fused_layers import FusedLayers
 from engine.models.layers import PackedLinear, RMSNorm, RotaryEmbedding, StepRotary
-from engine.packed_weights import pack_into_one_buffer
+from engine.packed_weights import empty_packed_weights, pack_into
 
 # PDSERVE_FUSED_LAYERS=0 keeps the per-kernel Python layer on the CPU kernels (to profile the
 # kernels one by one, or to compare).
@@ -160,12 +160,17 @@ class LlamaForCausalLM(nn.Module):
         self.use_pointwise_kernels(kernels)
         if self.embed_tokens.weight.dtype != torch.float32:
             return
-        # Every packed weight in one buffer on huge pages, in the order a step reads them.
-        linears = [(n, m) for n, m in self.named_modules() if isinstance(m, nn.Linear)]
-        packed = pack_into_one_buffer([m for _, m in linears], kernels)
-        for (name, child), weight in zip(linears, packed, strict=True):
+        # Every packed weight in one buffer on huge pages, in the order a step reads them; each
+        # unpacked weight is released as soon as its packed copy is in.
+        linears = {n: m for n, m in self.named_modules() if isinstance(m, nn.Linear)}
+        shapes = [(m.out_features, m.in_features) for m in linears.values()]
+        views = empty_packed_weights(shapes, kernels)
+        for name, view in zip(list(linears), views, strict=True):
+            linear = linears.pop(name)
             parent, _, attr = name.rpartition(".")
-            setattr(self.get_submodule(parent), attr, PackedLinear(child, kernels, weight))
+            packed = pack_into(view, linear.weight, kernels)
+            setattr(self.get_submodule(parent), attr, PackedLinear(linear, kernels, packed))
+            del linear
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         if all(layer.can_fuse() for layer in layers):
             self._fused = FusedLayers.of(layers)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,19 @@ from torch import nn
 from engine.engine_config import EngineConfig
 from engine.huge_pages import HUGE_PAGE, WEIGHT_HUGE_PAGES_ENV
 from engine.llm_engine import LLMEngine
+from engine.model_config import load_model_config
+from engine.model_loader import load_model
+from engine.models import llama as llama_module
 from engine.models.layers import PackedLinear
-from engine.packed_weights import pack_into_one_buffer
+from engine.packed_weights import empty_packed_weights, pack_into
 from tests.conftest import TINY_ARCHS
 from tests.engine.test_huge_pages import anon_huge_kib, thp_mode
 from tests.kernels.cpu_ops import cpu_ops
+
+
+def pack_into_one_buffer(linears: list[nn.Linear], ops: object) -> list[torch.Tensor]:
+    views = empty_packed_weights([(m.out_features, m.in_features) for m in linears], ops)
+    return [pack_into(v, m.weight, ops) for v, m in zip(views, linears, strict=True)]
 
 
 def layers() -> list[nn.Linear]:
@@ -79,3 +89,35 @@ def test_the_engine_packs_every_linear_into_one_buffer(model_factory) -> None:  
     assert len({p.untyped_storage().data_ptr() for p in packed}) == 1
     # In the order a step reads them: the layers' projections, then lm_head.
     assert [p.data_ptr() for p in packed] == sorted(p.data_ptr() for p in packed)
+
+
+def test_each_unpacked_weight_is_released_once_packed(
+    model_factory,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loading holds about one model, not two: when the i-th weight is packed, the i - 1
+    packed before it are already released (the tied lm_head's table stays: the embedding's)."""
+    ops = cpu_ops()
+    folder: Path = model_factory("llama", **TINY_ARCHS["llama"])
+    model = load_model(load_model_config(folder, "float32"), torch.device("cpu"))
+    weights = [
+        weakref.ref(m.weight)
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and m.weight is not model.embed_tokens.weight
+    ]
+    assert len(weights) >= 4
+    alive_at_each_pack: list[int] = []
+
+    def counting_pack_into(
+        view: torch.Tensor, weight: torch.Tensor, kernels: object
+    ) -> torch.Tensor:
+        gc.collect()
+        alive_at_each_pack.append(sum(w() is not None for w in weights))
+        return pack_into(view, weight, kernels)
+
+    monkeypatch.setattr(llama_module, "pack_into", counting_pack_into)
+    model.use_cpu_kernels(ops)
+    gc.collect()
+    assert all(w() is None for w in weights)
+    n = len(weights)
+    assert alive_at_each_pack[:n] == [n - i for i in range(n)]
