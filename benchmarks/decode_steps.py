@@ -1,14 +1,15 @@
 """The engine's whole decode step on the CPU: this checkout against others, alternating.
 
     python benchmarks/decode_steps.py [--against /path/to/other/worktree ...] [--rounds 6]
+                                      [--seqs 18]
 
 What a kernel A/B (``decode_kernels.py``) leaves out is here too: the model's Python, the
 calls into the kernels, sampling, scheduling and outputs. Each checkout, in its own subprocess
 (``benchmarks/ab_checkouts.py``), loads the offline benchmark's model (SmolLM2-135M shape,
-random weights, fp32), prefills 18 requests of 32-500 random tokens (seed 0), then times 60
-decode steps of ``LLMEngine.step()`` after 5 untimed ones; its result is the median step. The
-rounds alternate the checkouts' order; per checkout the median of its rounds is printed, with
-every round's figure and the ratio to this checkout.
+random weights, fp32), prefills 18 requests (``--seqs``) of 32-500 random tokens (seed 0), then
+times 60 decode steps of ``LLMEngine.step()`` after 5 untimed ones; its result is the median
+step. The rounds alternate the checkouts' order; per checkout the median of its rounds is
+printed, with every round's figure and the ratio to this checkout.
 
 ``--phases`` also reports, per step, what the fused decoder layers' phases took (the kernels'
 phase timers, ``PDSERVE_CPU_PHASE_TIMERS=1``): GEMMs, attention, KV store, pointwise ops.
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--against", type=Path, action="append", default=[])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument(
+        "--seqs", type=int, default=SEQS, help=f"running requests in each step (default {SEQS})"
+    )
+    parser.add_argument(
         "--phases", action="store_true", help="also the fused layers' phases (phase timers)"
     )
     parser.add_argument(
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     folder = args.model_dir or ensure_model_folder(default_model_dir("smollm2-135m"))
     vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])
     code = CHILD.format(
-        seqs=SEQS,
+        seqs=args.seqs,
         prompt=PROMPT,
         warmup=WARMUP,
         steps=STEPS,
@@ -128,8 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     medians = {t: statistics.median(v) for t, v in rounds.items()}
     pool = "pool touched before" if args.touched_pool else "pool as the engine leaves it"
     print(
-        f"decode step of {SEQS} requests, median of {STEPS} steps a round, {args.rounds} rounds"
-        f" ({pool})"
+        f"decode step of {args.seqs} requests, median of {STEPS} steps a round,"
+        f" {args.rounds} rounds ({pool})"
     )
     for t in trees:
         cells = " ".join(f"{x * 1e3:.1f}" for x in rounds[t])
