@@ -74,7 +74,8 @@ def test_the_buffer_is_on_huge_pages_unless_switched_off(monkeypatch: pytest.Mon
     monkeypatch.setenv(WEIGHT_HUGE_PAGES_ENV, "0")  # the operator's off switch
     off = pack_into_one_buffer(layers(), ops)
     start = off[0].data_ptr()
-    assert anon_huge_kib(start, start + 6 * HUGE_PAGE) == 0
+    if thp_mode() == "madvise":  # under 'always' Linux gives huge pages unasked
+        assert anon_huge_kib(start, start + 6 * HUGE_PAGE) == 0
 
 
 def test_the_engine_packs_every_linear_into_one_buffer(model_factory) -> None:  # type: ignore[no-untyped-def]
