@@ -37,6 +37,7 @@ struct Item {
 };
 
 constexpr int kMinKeysPerPart = 256;
+constexpr int kMinKeysPerAllHeadsPart = 64;  // an all-heads item's key does every head's work
 
 // S[r * ld + j] = dot(Q[r], K[j]) for RB rows and 4 keys (rows of Q contiguous, K rows at
 // stride ks). D > 0 fixes the head size at compile time (loops unrolled); D == 0 reads d.
@@ -675,18 +676,25 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
 
 // Work items, longest first. A request whose new rows for all heads fit one item (decode, short
 // chunks) gets one item over every KV head, so each block is read as one contiguous span; when
-// that leaves too few items to keep the threads busy, or for longer chunks, items are per KV
-// head (and per slice of query heads when a group alone exceeds kMaxRows).
+// that leaves too few items to keep the threads busy (and split-KV would not make more), or
+// for longer chunks, items are per KV head (and per slice of query heads when a group alone
+// exceeds kMaxRows).
 std::vector<Item> plan(const PagedAttentionArgs& a) {
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_item = std::min(group, kMaxRows);
   const int tokens_per_item = std::max(1, kMaxRows / heads_per_item);
-  int whole = 0;  // requests that fit one all-heads item
+  int whole = 0;   // requests that fit one all-heads item
+  int active = 0;  // requests with rows this step
   for (int s = 0; s < a.num_seqs; ++s) {
     const int q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
+    if (q_len > 0) ++active;
     if (q_len > 0 && q_len * a.num_heads <= kMaxRows) ++whole;
   }
-  const bool group_heads = whole >= 4 * std::max(1, a.num_threads);
+  // Fewer requests than twice the threads, all of them decode rows (a small batch), also run as
+  // all-heads items: split_items then cuts them along their keys, so the threads share the
+  // work and each still reads whole block spans.
+  const int threads = std::max(1, a.num_threads);
+  const bool group_heads = whole >= 4 * threads || (whole == active && whole < 2 * threads);
   std::vector<Item> items;
   for (int s = 0; s < a.num_seqs; ++s) {
     const int q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
@@ -741,7 +749,8 @@ int split_items(const PagedAttentionArgs& a, std::vector<Item>& items) {
     const int ctx = a.seq_lens[it.seq] - q_len;
     const int hi = ctx + it.q1;
     const int lo = a.sliding_window > 0 ? std::max(0, ctx + it.q0 - a.sliding_window + 1) : 0;
-    const int k = std::min(want, (hi - lo) / kMinKeysPerPart);
+    const int min_keys = it.h1 - it.h0 > 1 ? kMinKeysPerAllHeadsPart : kMinKeysPerPart;
+    const int k = std::min(want, (hi - lo) / min_keys);
     if (k < 2) {
       split.push_back(it);
       continue;
