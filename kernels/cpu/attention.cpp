@@ -676,9 +676,9 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
 
 // Work items, longest first. A request whose new rows for all heads fit one item (decode, short
 // chunks) gets one item over every KV head, so each block is read as one contiguous span; when
-// that leaves too few items to keep the threads busy (and split-KV would not make more), or
-// for longer chunks, items are per KV head (and per slice of query heads when a group alone
-// exceeds kMaxRows).
+// a step mixes such rows with longer chunks and has too few of them to keep the threads busy,
+// or for the longer chunks, items are per KV head (and per slice of query heads when a group
+// alone exceeds kMaxRows).
 std::vector<Item> plan(const PagedAttentionArgs& a) {
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_item = std::min(group, kMaxRows);
@@ -690,11 +690,12 @@ std::vector<Item> plan(const PagedAttentionArgs& a) {
     if (q_len > 0) ++active;
     if (q_len > 0 && q_len * a.num_heads <= kMaxRows) ++whole;
   }
-  // Fewer requests than twice the threads, all of them decode rows (a small batch), also run as
-  // all-heads items: split_items then cuts them along their keys, so the threads share the
-  // work and each still reads whole block spans.
+  // A step of decode rows only also runs all-heads items when they are few (a small batch):
+  // per-KV-head items would read each block's rows strided, once per head, which measured
+  // 1.6-2.2x slower at 1-6 requests (docs/benchmarks.md, 2026-12-05). Fewer items than twice
+  // the threads are then cut along their keys by split_items, so the threads share the work.
   const int threads = std::max(1, a.num_threads);
-  const bool group_heads = whole >= 4 * threads || (whole == active && whole < 2 * threads);
+  const bool group_heads = whole >= 4 * threads || whole == active;
   std::vector<Item> items;
   for (int s = 0; s < a.num_seqs; ++s) {
     const int q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];

@@ -174,12 +174,12 @@ def test_split_kv_few_long_requests(threads, window):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("window", [None, 100])
 def test_split_kv_small_batch_of_decodes(threads, window):
-    """One to three decode rows (fewer requests than twice the threads) run as all-heads items
-    cut along their keys from 64 keys a part, short contexts included."""
+    """A few decode rows alone run as all-heads items: one to three (fewer than twice the
+    threads) cut along their keys from 64 keys a part, short contexts included; five whole."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for context in ([300], [130, 70, 260], [5, 64], [127]):
+        for context in ([300], [130, 70, 260], [5, 64], [127], [400, 3, 90, 250, 33]):
             case = _case(9, 3, 64, 16, [1] * len(context), context, torch.float32)
             _check(case, 0.125, window, torch.float32)
     finally:
