@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import sys
 
@@ -63,9 +64,22 @@ def advise_huge_pages(t: torch.Tensor, switch: str = HUGE_PAGES_ENV) -> int:
 def huge_page_aligned(numel: int, dtype: torch.dtype, switch: str) -> tuple[torch.Tensor, int]:
     """A fresh, untouched CPU buffer of ``numel`` elements that starts on a 2 MiB boundary,
     advised for huge pages; returns it and the bytes advised (see ``advise_huge_pages``).
-    The slack before the boundary is mapped but never touched, so it costs no memory."""
+
+    On Linux it is a private anonymous mapping of its own (``mmap``), never heap memory that
+    malloc hands out again already touched (on 4 KiB pages, which no advice changes): glibc
+    serves requests below its mmap threshold, which grows up to 32 MiB, from the heap. The
+    tensor keeps the mapping alive. The slack before the boundary is never touched, so it
+    costs no memory."""
+    if numel == 0:
+        return torch.empty(0, dtype=dtype), 0
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    raw = torch.empty(numel + HUGE_PAGE // itemsize, dtype=dtype)
-    skip = (-raw.data_ptr() % HUGE_PAGE) // itemsize
-    buf = raw[skip : skip + numel]
+    if not sys.platform.startswith("linux"):
+        raw = torch.empty(numel + HUGE_PAGE // itemsize, dtype=dtype)
+        skip = (-raw.data_ptr() % HUGE_PAGE) // itemsize
+        buf = raw[skip : skip + numel]
+        return buf, advise_huge_pages(buf, switch)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    mapping = mmap.mmap(-1, numel * itemsize + HUGE_PAGE, flags=flags)
+    start = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    buf = torch.frombuffer(mapping, dtype=dtype, count=numel, offset=-start % HUGE_PAGE)
     return buf, advise_huge_pages(buf, switch)

@@ -6,11 +6,12 @@ one indexed copy each way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
-from engine.huge_pages import advise_huge_pages
+from engine.huge_pages import HUGE_PAGES_ENV, huge_page_aligned
 from engine.kv_cache_spec import KVCacheSpec
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,10 +31,18 @@ class KVCache:
         self.spec = spec
         dtype = _TORCH_DTYPES[spec.dtype]
         self.device = device
-        self.pool = torch.empty(spec.pool_shape(num_blocks), dtype=dtype, device=device)
-        # Before anything touches it: a decode step's attention reads blocks scattered over
-        # the whole pool, and on 4 KiB pages nearly each of those reads is a TLB miss.
-        self.pool_huge_page_bytes = advise_huge_pages(self.pool)
+        shape = spec.pool_shape(num_blocks)
+        if device.type == "cpu":
+            # Fresh memory advised before anything touches it: a decode step's attention reads
+            # blocks scattered over the whole pool, and on 4 KiB pages nearly each of those
+            # reads is a TLB miss.
+            flat, self.pool_huge_page_bytes = huge_page_aligned(
+                math.prod(shape), dtype, HUGE_PAGES_ENV
+            )
+            self.pool = flat.view(shape)
+        else:
+            self.pool = torch.empty(shape, dtype=dtype, device=device)
+            self.pool_huge_page_bytes = 0
         if prefault and device.type == "cpu":
             self.pool.zero_()
         pin = device.type == "cuda"

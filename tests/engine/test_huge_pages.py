@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.engine_config import EngineConfig
-from engine.huge_pages import HUGE_PAGE, HUGE_PAGES_ENV, advise_huge_pages
+from engine.huge_pages import HUGE_PAGE, HUGE_PAGES_ENV, advise_huge_pages, huge_page_aligned
 from engine.kv_cache import KVCache
 from engine.kv_cache_spec import KVCacheSpec
 from engine.llm_engine import LLMEngine
@@ -47,12 +47,22 @@ def anon_huge_kib(start: int, end: int) -> int:
     return total
 
 
+def churn_the_heap() -> None:
+    """Leaves glibc's mmap threshold raised and touched memory free in the heap, as a worker
+    that has run other tests has: a buffer taken from malloc now may be that memory, on 4 KiB
+    pages no advice changes (this failed a test in CI before the pools got their own maps)."""
+    for _ in range(4):
+        big = torch.ones(5_000_000)  # 20 MB: mapped, and its free raises the threshold
+        del big
+    small = [torch.ones(1_000_000) for _ in range(8)]  # 4 MB each: from the heap now
+    del small
+
+
 def small_pool(prefault: bool = False) -> KVCache:
-    """A 64 MiB pool: above glibc's largest mmap threshold (32 MiB), so it is always a fresh
-    mapping. A smaller one may come from heap memory an earlier test already touched, on 4 KiB
-    pages, which no advice changes (it did, in a worker that had run other tests first)."""
+    """An 8 MiB pool, made after the heap is churned: it must still be a mapping of its own."""
+    churn_the_heap()
     spec = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype="float32")
-    return KVCache(spec, 1024, 0, torch.device("cpu"), prefault=prefault)
+    return KVCache(spec, 128, 0, torch.device("cpu"), prefault=prefault)
 
 
 # madvise(2) and mincore(2) are Linux calls; elsewhere advise_huge_pages advises nothing and
@@ -86,13 +96,31 @@ def test_kv_pool_is_backed_by_huge_pages_once_touched() -> None:
     cache = small_pool()
     pool = cache.pool
     size = pool.numel() * pool.element_size()
-    assert size >= 8 * HUGE_PAGE
-    assert cache.pool_huge_page_bytes >= size - 2 * HUGE_PAGE
+    assert size >= 4 * HUGE_PAGE
+    assert start_is_aligned(pool) and cache.pool_huge_page_bytes == size
     start = pool.data_ptr()
     pool.zero_()  # first touch: the kernel backs the advised range with 2 MiB pages
     # (it may fall back to 4 KiB pages where it finds no free 2 MiB ones: half is the bar)
     huge = anon_huge_kib(start, start + size) * 1024
     assert huge >= cache.pool_huge_page_bytes // 2
+
+
+def start_is_aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % HUGE_PAGE == 0
+
+
+@linux_only
+def test_huge_page_aligned_is_a_fresh_aligned_mapping() -> None:
+    churn_the_heap()
+    buf, advised = huge_page_aligned(3 * HUGE_PAGE // 4 + 5, torch.float32, HUGE_PAGES_ENV)
+    assert start_is_aligned(buf) and buf.numel() == 3 * HUGE_PAGE // 4 + 5
+    assert advised == 3 * HUGE_PAGE  # the whole 2 MiB pages inside it
+    assert resident_fraction(buf) == 0.0  # untouched: never memory malloc handed out before
+    view = buf[7:9]
+    del buf
+    view.fill_(2.0)  # a view keeps the mapping alive
+    assert view.sum().item() == 4.0
+    assert huge_page_aligned(0, torch.float32, HUGE_PAGES_ENV)[0].numel() == 0
 
 
 def resident_fraction(t: torch.Tensor) -> float:
