@@ -1,12 +1,13 @@
 """The float32 linear layers' weights, packed for the compiled GEMM into one buffer.
 
 A decode step streams every packed weight from memory once, and the GEMMs wait on that stream
-(docs/benchmarks.md, 2026-12-05: one core's GEMM at decode sizes ran at 83% of its FMA peak on
-4 KiB pages and 96% on 2 MiB pages). Each weight packed into its own allocation would sit on
-4 KiB pages: glibc maps large buffers fresh and Linux gives them huge pages only when asked
-(transparent huge pages in ``madvise`` mode, the common default). So the layers' packed weights
-share one buffer, in model order, that starts on a 2 MiB boundary and is advised for huge
-pages before anything writes to it (``PDSERVE_WEIGHT_HUGE_PAGES=0`` turns the advice off).
+(docs/benchmarks.md, 2026-12-05: one core's GEMM at decode sizes ran at 80-83% of its FMA peak
+on 4 KiB pages and 96% on 2 MiB pages). Each weight packed into its own allocation would sit
+on 4 KiB pages: Linux gives huge pages only when asked (transparent huge pages in ``madvise``
+mode, the common default). So the layers' packed weights share one buffer, in model order: a
+private mapping of its own that starts on a 2 MiB boundary and is advised for huge pages
+before anything writes to it (``engine.huge_pages.huge_page_aligned``;
+``PDSERVE_WEIGHT_HUGE_PAGES=0`` turns the advice off).
 """
 
 from __future__ import annotations
