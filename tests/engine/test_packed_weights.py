@@ -22,7 +22,7 @@ from engine.models import llama as llama_module
 from engine.models.layers import PackedLinear
 from engine.packed_weights import empty_packed_weights, pack_into
 from tests.conftest import TINY_ARCHS
-from tests.engine.test_huge_pages import anon_huge_kib, churn_the_heap, thp_mode
+from tests.engine.test_huge_pages import anon_huge_kib, churn_the_heap, needs_thp, thp_mode
 from tests.kernels.cpu_ops import cpu_ops
 
 
@@ -58,11 +58,7 @@ def test_views_of_one_buffer_hold_each_weights_own_panels() -> None:
     torch.testing.assert_close(layer(x), F.linear(x, linears[2].weight), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(
-    thp_mode() not in ("always", "madvise"),
-    reason="the kernel's transparent huge pages are off here ('never' or absent): madvise is "
-    "accepted but no huge page is given (CI machines run 'madvise')",
-)
+@needs_thp
 def test_the_buffer_is_on_huge_pages_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     ops = cpu_ops()
     churn_the_heap()  # a ~14 MiB buffer from malloc could now be touched heap memory
