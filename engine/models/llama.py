@@ -77,7 +77,12 @@ class LlamaMLP(nn.Module):
         self.kernels: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        proj = self.gate_up_proj
+        if isinstance(proj, PackedLinear):  # the GEMM and SiLU·mul in one compiled pass
+            rows = x.reshape(-1, proj.in_features)
+            act = proj.kernels.linear_silu_mul(rows, proj.packed, self.intermediate_size)
+            return self.down_proj(act.view(*x.shape[:-1], self.intermediate_size))
+        gate_up = proj(x)
         if self.kernels is not None:
             return self.down_proj(self.kernels.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)

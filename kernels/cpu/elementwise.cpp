@@ -106,9 +106,7 @@ void silu_mul_impl(const T* gu, int64_t is, T* out, int64_t os, int64_t rows, in
       if constexpr (std::is_same_v<T, float>) {
         int64_t c = 0;
         for (; c + W <= inter; c += W) {
-          const vf gv = load(gr + c);
-          const vf act = gv / (splat(1.0f) + vexp(-gv));
-          store(o + c, act * load(gr + inter + c));
+          store(o + c, silu_times(load(gr + c), load(gr + inter + c)));
         }
         for (; c < inter; ++c) o[c] = gr[c] / (1.0f + std::exp(-gr[c])) * gr[inter + c];
       } else {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kernels.h"
 #include "pool.h"
@@ -113,63 +114,158 @@ void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float
   });
 }
 
-void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
-                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
-  const int64_t panels = (n + NB - 1) / NB;
+namespace {
+
+// Where a call's panels go. A unit is what a thread claims: one panel of y (PlainOut), or a gate
+// panel with its up panel (SiluMulOut), whose two results meet in `finish`.
+struct PlainOut {
+  static constexpr int kPasses = 1;
+  const float* packed;
+  int64_t k, n;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+
+  int64_t units() const { return (n + NB - 1) / NB; }
+  const float* panel(int64_t u, int /*pass*/) const { return packed + u * k * NB; }
+  // Row m0 of the block that pass `pass` of unit u accumulates into, and its row stride.
+  float* out(int64_t u, int /*pass*/, int64_t m0, float* /*scratch*/) const {
+    return y + m0 * ldy + u * NB;
+  }
+  int64_t out_stride() const { return ldy; }
+  int nvalid(int64_t u) const { return static_cast<int>(std::min<int64_t>(NB, n - u * NB)); }
+  const float* bias_of(int64_t u) const { return bias != nullptr ? bias + u * NB : nullptr; }
+  void finish(int64_t, int64_t, int64_t, const float*) const {}
+};
+
+// gate_up packed as one weight [2 * inter, K] with inter a multiple of NB: unit u is gate panel u
+// and up panel u + inter / NB, multiplied into the thread's scratch; `finish` writes
+// out[:, u * NB : (u + 1) * NB] = silu(gate) * up, the same arithmetic as silu_mul
+// (elementwise.cpp), so the same bits.
+struct SiluMulOut {
+  static constexpr int kPasses = 2;
+  const float* packed;
+  int64_t k, inter;
+  float* out_;
+  int64_t ldo;
+  int64_t mc;  // rows per scratch half
+
+  int64_t units() const { return inter / NB; }
+  const float* panel(int64_t u, int pass) const {
+    return packed + (u + pass * units()) * k * NB;
+  }
+  float* out(int64_t /*u*/, int pass, int64_t /*m0*/, float* scratch) const {
+    return scratch + pass * mc * NB;
+  }
+  int64_t out_stride() const { return NB; }
+  int nvalid(int64_t) const { return NB; }
+  const float* bias_of(int64_t) const { return nullptr; }
+  void finish(int64_t u, int64_t m0, int64_t m1, const float* scratch) const {
+    const float* gate = scratch;
+    const float* up = scratch + mc * NB;
+    for (int64_t r = m0; r < m1; ++r) {
+      float* o = out_ + r * ldo + u * NB;
+      for (int c = 0; c < NB; c += W) {
+        const vf g = load(gate + (r - m0) * NB + c);
+        store(o + c, silu_times(g, load(up + (r - m0) * NB + c)));
+      }
+    }
+  }
+};
+
+// The per-thread scratch a unit's passes accumulate into (SiluMulOut), at least `floats` long.
+float* scratch_of(int64_t floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+template <typename Out>
+void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o, int64_t mc_size,
+                int num_threads) {
+  const int64_t units = o.units();
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
-  const int64_t mc_size = m <= 2 * kMC ? m : kMC;
   const MicroKernel* kernels = kernels_by_rows();
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
-  // Panels go out in chunks, dynamically: on a shared machine a thread that loses its core
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, units)));
+  // Units go out in chunks, dynamically: on a shared machine a thread that loses its core
   // for a while takes fewer chunks instead of holding everyone at the end of the call.
-  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
-  const int64_t num_chunks = (panels + chunk - 1) / chunk;
+  const int64_t chunk = std::max<int64_t>(1, units / (8 * threads));
+  const int64_t num_chunks = (units + chunk - 1) / chunk;
   // A thread claims its next chunk before it runs the current one, so the current chunk's last
   // slice prefetches the next chunk's first (at decode sizes a chunk of the smaller
   // projections is one panel with K in one block: nothing of theirs would be prefetched).
   parallel_for_dynamic(num_chunks, threads, [&](int64_t ch, int64_t following) {
+    float* scratch = Out::kPasses > 1 ? scratch_of(Out::kPasses * mc_size * NB) : nullptr;
     const float* following_first =
-        following < num_chunks ? packed + following * chunk * k * NB : nullptr;
-    const int64_t p_begin = ch * chunk, p_end = std::min(panels, p_begin + chunk);
+        following < num_chunks ? o.panel(following * chunk, 0) : nullptr;
+    const int64_t u_begin = ch * chunk, u_end = std::min(units, u_begin + chunk);
     for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
       const int64_t m1 = std::min(m, m0 + mc_size);
-      for (int64_t p = p_begin; p < p_end; ++p) {
-        const int nvalid = static_cast<int>(std::min<int64_t>(NB, n - p * NB));
-        const float* b = bias != nullptr ? bias + p * NB : nullptr;
-        for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
-          const int kc = static_cast<int>(std::min(kc_size, k - k0));
-          const float* panel = packed + p * k * NB + k0 * NB;
-          // The weights stream on: the next kc x NB slice (the next K block or the next panel,
-          // contiguous; after the chunk's last slice, the next chunk's first, once the last
-          // row block is through) is prefetched while this one is multiplied, its lines shared
-          // out over the row blocks, so its fetch overlaps their arithmetic (the hardware
-          // prefetcher only follows demand misses, and the row blocks after the first miss
-          // nothing).
-          // A slice that one row block reads (m <= MR: small decode batches) is not
-          // prefetched: the hardware's stream prefetcher keeps up with that single pass, and
-          // software prefetches on top of it only take miss slots (at 8 rows the 30 layers'
-          // GEMMs ran 12% faster without them, at 12 rows 2-4%; docs/benchmarks.md, 2026-12-05).
-          const bool last = p + 1 == p_end && k0 + kc >= k;
-          const float* next = m1 - m0 <= MR ? nullptr
-                              : last        ? (m1 == m ? following_first : nullptr)
-                                            : panel + kc * NB;
-          const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
-          const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
-          const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
-          const int64_t blocks = (m1 - m0 + MR - 1) / MR;
-          const int64_t per = (lines + blocks - 1) / blocks;
-          for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
-            const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
-            const int64_t first = std::min(lines, rb * per);
-            const int n_pf = static_cast<int>(std::min(lines, first + per) - first);
-            kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + r * ldy + p * NB, ldy, nvalid,
-                          k0 == 0, b, pf + first * 64, std::min(n_pf, kc));
+      for (int64_t u = u_begin; u < u_end; ++u) {
+        const int nvalid = o.nvalid(u);
+        const float* b = o.bias_of(u);
+        for (int pass = 0; pass < Out::kPasses; ++pass) {
+          float* y = o.out(u, pass, m0, scratch);
+          const int64_t ldy = o.out_stride();
+          const float* first = o.panel(u, pass);
+          for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
+            const int kc = static_cast<int>(std::min(kc_size, k - k0));
+            const float* panel = first + k0 * NB;
+            // The weights stream on: the next kc x NB slice (the next K block, the unit's
+            // next pass or the next unit; after the chunk's last slice, the next chunk's
+            // first, once the last row block is through) is prefetched while this one is
+            // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
+            // arithmetic (the hardware prefetcher only follows demand misses, and the row
+            // blocks after the first miss nothing).
+            // A slice that one row block reads (m <= MR: small decode batches) is not
+            // prefetched: the hardware's stream prefetcher keeps up with that single pass, and
+            // software prefetches on top of it only take miss slots (at 8 rows the 30 layers'
+            // GEMMs ran 9-13% faster without them, at 12 rows 0-4%; docs/benchmarks.md,
+            // 2026-12-05).
+            const float* next = nullptr;
+            if (m1 - m0 > MR) {
+              if (k0 + kc < k) next = panel + kc * NB;
+              else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
+              else if (u + 1 < u_end) next = o.panel(u + 1, 0);
+              else if (m1 == m) next = following_first;
+            }
+            const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
+            const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
+            const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
+            const int64_t blocks = (m1 - m0 + MR - 1) / MR;
+            const int64_t per = (lines + blocks - 1) / blocks;
+            for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
+              const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+              const int64_t first_line = std::min(lines, rb * per);
+              const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
+              kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + (r - m0) * ldy, ldy, nvalid,
+                            k0 == 0, b, pf + first_line * 64, std::min(n_pf, kc));
+            }
           }
         }
+        o.finish(u, m0, m1, scratch);
       }
     }
   });
+}
+
+int64_t row_block(int64_t m) { return m <= 2 * kMC ? m : kMC; }
+
+}  // namespace
+
+void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
+                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
+  run_panels(x, m, k, ldx, PlainOut{packed, k, n, bias, y, ldy}, row_block(m), num_threads);
+}
+
+bool linear_silu_mul_fits(int64_t inter) { return inter > 0 && inter % NB == 0; }
+
+void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
+                            const float* packed, int64_t inter, float* out, int64_t ldo,
+                            int num_threads) {
+  const int64_t mc = row_block(m);
+  run_panels(x, m, k, ldx, SiluMulOut{packed, k, inter, out, ldo, mc}, mc, num_threads);
 }
 
 }  // namespace pdcpu

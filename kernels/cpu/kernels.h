@@ -57,6 +57,15 @@ void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float
 // y[M, N] = x[M, K] @ W^T (+ bias), W packed by pack_linear_weight.
 void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
                    int64_t n, const float* bias, float* y, int64_t ldy, int num_threads);
+// out[M, inter] = silu(g) * u with [g | u] = x[M, K] @ W^T, W the gate_up weight [2 * inter, K]
+// packed by pack_linear_weight: the GEMM and the activation in one pass, each thread finishing
+// the columns it multiplied (no gate_up tensor, no second pass over it). Only for
+// linear_silu_mul_fits(inter) (gate and up panels line up); the same bits as linear_packed
+// then silu_mul.
+bool linear_silu_mul_fits(int64_t inter);
+void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
+                            const float* packed, int64_t inter, float* out, int64_t ldo,
+                            int num_threads);
 
 // ---- elementwise.cpp ------------------------------------------------------------------------
 // out = weight * (x / sqrt(mean(x^2) + eps)), computed in float32 (HF's RMSNorm); when

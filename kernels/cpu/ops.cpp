@@ -237,6 +237,26 @@ Tensor silu_mul(const Tensor& gate_up) {
   return out;
 }
 
+// silu(gate) * up of x's gate_up projection, gate_up packed as one [2 * inter, in] weight: in
+// one pass when the gate and up panels line up (pdcpu::linear_silu_mul_fits), else linear then
+// silu_mul. Either way the same bits as those two.
+Tensor linear_silu_mul(const Tensor& x, const Tensor& packed, int64_t inter) {
+  if (!pdcpu::linear_silu_mul_fits(inter)) return silu_mul(linear(x, packed, 2 * inter, {}));
+  check_last_contiguous(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.is_contiguous() &&
+                  packed.dim() == 3 && packed.size(1) == x.size(1) &&
+                  packed.size(2) == pdcpu::linear_panel_width() &&
+                  packed.size(0) * packed.size(2) == 2 * inter,
+              "pdserve_cpu.linear_silu_mul: x must be float32 [rows, in] and packed [panels, in, ",
+              std::to_string(pdcpu::linear_panel_width()), "] for 2 x ", std::to_string(inter),
+              " outputs");
+  Tensor out = at::empty({x.size(0), inter}, x.options());
+  pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                                packed.data_ptr<float>(), inter, out.data_ptr<float>(), inter,
+                                at::get_num_threads());
+  return out;
+}
+
 Tensor argmax(const Tensor& logits) {
   check_last_contiguous(logits, "logits");
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) > 0,
@@ -298,10 +318,8 @@ std::tuple<Tensor, Tensor> decoder_layer(
   clock.lap(Phase::kO);
   const Tensor h2 = add_rms_norm(residual, o, post_norm, eps);
   clock.lap(Phase::kNorms);
-  const Tensor gate_up = linear(h2, gate_up_packed, 2 * intermediate, std::nullopt);
+  const Tensor act = linear_silu_mul(h2, gate_up_packed, intermediate);
   clock.lap(Phase::kGateUp);
-  const Tensor act = silu_mul(gate_up);
-  clock.lap(Phase::kSiluMul);
   Tensor out = linear(act, down_packed, hidden, std::nullopt);
   clock.lap(Phase::kDown);
   return {out, residual};
@@ -389,6 +407,7 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor positions) -> ()",
         &rotary_);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("linear_silu_mul(Tensor x, Tensor packed, int inter) -> Tensor", &linear_silu_mul);
   m.def("argmax(Tensor logits) -> Tensor", &argmax);
   m.def(
       "decoder_layers(Tensor(a!) x, Tensor[] input_norms, Tensor[] post_norms, float eps, "

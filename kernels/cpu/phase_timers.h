@@ -19,14 +19,13 @@ enum class Phase : int {
   kStoreKV,    // the step's K/V into the pool
   kAttention,  // paged attention
   kO,          // the output projection
-  kGateUp,     // the gate/up projection
-  kSiluMul,    // the activation
+  kGateUp,     // the gate/up projection with its activation (linear_silu_mul)
   kDown,       // the down projection
   kCount
 };
 
 constexpr std::array<const char*, static_cast<int>(Phase::kCount)> kPhaseNames = {
-    "norms", "qkv", "rotary", "store_kv", "attention", "o", "gate_up", "silu_mul", "down"};
+    "norms", "qkv", "rotary", "store_kv", "attention", "o", "gate_up", "down"};
 
 inline bool phase_timers_enabled() {
   static const bool on = [] {

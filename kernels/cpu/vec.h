@@ -125,6 +125,11 @@ inline vf vexp(vf x) {
   return reinterpret_cast<vf>(reinterpret_cast<vi>(y) & ~underflow);
 }
 
+// silu(g) * u = g / (1 + exp(-g)) * u, as torch's F.silu(gate) * up rounds it: the one
+// definition the activation (elementwise.cpp) and the gate_up GEMM's epilogue (gemm.cpp) share,
+// so both give the same bits.
+inline vf silu_times(vf g, vf u) { return g / (splat(1.0f) + vexp(-g)) * u; }
+
 // ---- element types: float, bfloat16 and float16 stored as raw 16-bit patterns -------------
 struct bf16 { uint16_t bits; };
 struct fp16 { uint16_t bits; };

@@ -92,3 +92,49 @@ def test_silu_mul(dtype, rows):
     want = F.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
     tol = 1e-6 if dtype == torch.float32 else 0.0
     torch.testing.assert_close(ops.silu_mul(gate_up), want, atol=tol, rtol=tol)
+
+
+def ops_unpacked(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The [n, k] float64 weight back out of its packed panels [panels, k, nb]."""
+    return packed.permute(0, 2, 1).reshape(-1, k)[:n].double()
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "inter"),
+    [
+        (1, 576, 1536),  # decode, the benchmark model's MLP
+        (12, 64, 32),  # one row block, one unit
+        (18, 576, 1536),  # two row blocks: the second slice prefetch, gate then up
+        (7, 1536, 96),  # K split into blocks
+        (13, 2000, 64),  # uneven K blocks
+        (400, 96, 160),  # row blocks at prefill sizes, a partial last block
+        (5, 40, 24),  # gate and up panels do not line up: linear then silu_mul
+        (9, 33, 1552),
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_linear_silu_mul_is_linear_then_silu_mul(m, k, inter, threads):
+    """The fused gate_up GEMM's epilogue gives the same bits as the two kernels one after the
+    other (and so the engine's tokens do not depend on which of them ran)."""
+    ops = cpu_ops()
+    x = torch.randn(m, k)
+    packed = ops.pack_linear_weight(torch.randn(2 * inter, k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = ops.linear_silu_mul(x, packed, inter)
+        want = ops.silu_mul(ops.linear(x, packed, 2 * inter, None))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, want)
+    gate, up = F.linear(x.double(), ops_unpacked(packed, 2 * inter, k)).split(inter, dim=-1)
+    torch.testing.assert_close(got.double(), F.silu(gate) * up, atol=1e-4 * k**0.5, rtol=1e-4)
+
+
+def test_linear_silu_mul_bad_packing():
+    ops = cpu_ops()
+    packed = ops.pack_linear_weight(torch.randn(64, 30))
+    with pytest.raises(RuntimeError, match="packed"):
+        ops.linear_silu_mul(torch.randn(4, 31), packed, 32)
+    with pytest.raises(RuntimeError, match="packed"):
+        ops.linear_silu_mul(torch.randn(4, 30), packed, 64)

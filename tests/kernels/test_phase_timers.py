@@ -56,7 +56,7 @@ def run_child(folder: Path, timers: str | None) -> dict[str, list]:  # type: ign
     return json.loads(line[len("RESULT ") :])  # type: ignore[no-any-return]
 
 
-PHASES = ["norms", "qkv", "rotary", "store_kv", "attention", "o", "gate_up", "silu_mul", "down"]
+PHASES = ["norms", "qkv", "rotary", "store_kv", "attention", "o", "gate_up", "down"]
 
 
 def test_every_phase_is_charged_when_on_and_reset_clears(model_factory) -> None:  # type: ignore[no-untyped-def]
