@@ -5,8 +5,8 @@
 Runs the offline-throughput workload (same seed, same model folder) through pdserve's ``LLM``
 with the per-kernel Python layer (``PDSERVE_FUSED_LAYERS=0``, so every GEMM goes through
 ``PackedLinear.forward``) and times each decoder GEMM call alone (``perf_counter`` around the
-compiled ``linear`` only, or ``linear_silu_mul`` for gate_up with its activation: no module
-hooks), by its row count. Then, in the same process, it
+compiled ``linear`` only, or ``linear_silu_mul`` for gate_up, which runs with its activation:
+no module hooks), by its row count. Then, in the same process, it
 runs the model's own 120 packed decoder weights back to back at the most frequent decode row
 counts, and prints both per pass of the 30 layers, with the GFLOP/s they reach: whether the
 engine's GEMMs lose time to what runs between them (attention streaming the KV, the Python
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.models.layers import PackedLinear
+    from engine.models.layers import PackedGateUpSiLU, PackedLinear
     from pdserve import LLM, SamplingParams
 
     shape = model_shape()
@@ -55,37 +55,22 @@ def main(argv: list[str] | None = None) -> int:
         print("no packed linears (no CPU kernels?)", file=sys.stderr)
         return 1
     calls: dict[int, list[float]] = defaultdict(list)
-    forward = PackedLinear.forward
+    forwards = (PackedLinear.forward, PackedGateUpSiLU.forward)
 
     def timed(self: Any, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         t0 = time.perf_counter()
-        y = self.kernels.linear(rows, self.packed, self.out_features, self.bias)
+        if isinstance(self, PackedGateUpSiLU):  # gate_up with its activation, as the MLP runs it
+            y = self.kernels.linear_silu_mul(rows, self.packed, self.out_features // 2)
+        else:
+            y = self.kernels.linear(rows, self.packed, self.out_features, self.bias)
         dt = time.perf_counter() - t0
         if self.out_features != shape.vocab_size:
             calls[rows.shape[0]].append(dt)
-        return y.view(*x.shape[:-1], self.out_features)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
-    class TimedKernels:
-        """The compiled ops, with ``linear_silu_mul`` (the MLP's gate_up GEMM and its
-        activation, which does not go through ``PackedLinear.forward``) timed too."""
-
-        def __init__(self, ops: Any) -> None:
-            self.ops = ops
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.ops, name)
-
-        def linear_silu_mul(self, rows: torch.Tensor, packed: torch.Tensor, inter: int) -> Any:
-            t0 = time.perf_counter()
-            y = self.ops.linear_silu_mul(rows, packed, inter)
-            calls[rows.shape[0]].append(time.perf_counter() - t0)
-            return y
-
-    gate_ups = [g for g in layers if g.out_features == 2 * shape.intermediate_size]
-    for g in gate_ups:
-        g.kernels = TimedKernels(g.kernels)
     PackedLinear.forward = timed  # type: ignore[method-assign]
+    PackedGateUpSiLU.forward = timed  # type: ignore[method-assign]
     requests = make_workload(args.num_requests, (32, 512), (16, 256), shape.vocab_size, args.seed)
     try:
         llm.generate(
@@ -96,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     finally:
-        PackedLinear.forward = forward  # type: ignore[method-assign]
-        for g in gate_ups:
-            g.kernels = g.kernels.ops
+        PackedLinear.forward, PackedGateUpSiLU.forward = forwards  # type: ignore[method-assign]
     flops_per_row = 2.0 * sum(m.in_features * m.out_features for m in layers)
     decode_rows = sorted((m for m in calls if m <= 64), key=lambda m: len(calls[m]), reverse=True)[
         :4
@@ -117,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 for layer in layers:
                     x = xs[layer.in_features]
-                    if layer in gate_ups:  # as the engine runs it: with its activation
+                    if isinstance(layer, PackedGateUpSiLU):  # as the engine runs it
                         layer.kernels.linear_silu_mul(x, layer.packed, layer.out_features // 2)
                     else:
                         layer.kernels.linear(x, layer.packed, layer.out_features, layer.bias)

@@ -67,6 +67,17 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+class PackedGateUpSiLU(PackedLinear):
+    """The MLP's bias-free gate_up projection packed, with SiLU·mul as the GEMM's epilogue
+    (``linear_silu_mul``): ``forward`` returns ``silu(gate) * up``, ``[..., out_features // 2]``,
+    the same bits as the GEMM then ``silu_mul``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inter = self.out_features // 2
+        rows = x.reshape(-1, self.in_features)
+        return self.kernels.linear_silu_mul(rows, self.packed, inter).view(*x.shape[:-1], inter)
+
+
 @dataclass(frozen=True)
 class StepRotary:
     """One step's rotary embedding, applied to q and k in every layer.

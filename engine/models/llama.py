@@ -21,7 +21,13 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.fused_layers import FusedLayers
-from engine.models.layers import PackedLinear, RMSNorm, RotaryEmbedding, StepRotary
+from engine.models.layers import (
+    PackedGateUpSiLU,
+    PackedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    StepRotary,
+)
 from engine.packed_weights import empty_packed_weights, pack_into
 
 # PDSERVE_FUSED_LAYERS=0 keeps the per-kernel Python layer on the CPU kernels (to profile the
@@ -77,12 +83,9 @@ class LlamaMLP(nn.Module):
         self.kernels: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        proj = self.gate_up_proj
-        if isinstance(proj, PackedLinear):  # the GEMM and SiLU·mul in one compiled pass
-            rows = x.reshape(-1, proj.in_features)
-            act = proj.kernels.linear_silu_mul(rows, proj.packed, self.intermediate_size)
-            return self.down_proj(act.view(*x.shape[:-1], self.intermediate_size))
-        gate_up = proj(x)
+        if isinstance(self.gate_up_proj, PackedGateUpSiLU):  # the GEMM with its activation
+            return self.down_proj(self.gate_up_proj(x))
+        gate_up = self.gate_up_proj(x)
         if self.kernels is not None:
             return self.down_proj(self.kernels.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -174,7 +177,9 @@ class LlamaForCausalLM(nn.Module):
             linear = linears.pop(name)
             parent, _, attr = name.rpartition(".")
             packed = pack_into(view, linear.weight, kernels)
-            setattr(self.get_submodule(parent), attr, PackedLinear(linear, kernels, packed))
+            gate_up = attr == "gate_up_proj" and linear.bias is None
+            packed_type = PackedGateUpSiLU if gate_up else PackedLinear
+            setattr(self.get_submodule(parent), attr, packed_type(linear, kernels, packed))
             del linear
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         if all(layer.can_fuse() for layer in layers):

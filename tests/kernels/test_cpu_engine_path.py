@@ -17,7 +17,7 @@ from torch import nn
 
 import kernels.cpu
 from engine.llm_engine import LLMEngine
-from engine.models.layers import PackedLinear
+from engine.models.layers import PackedGateUpSiLU, PackedLinear
 from tests.conftest import TINY_ARCHS
 from tests.engine.engine_utils import assert_pool_free, greedy, random_prompts, run_to_completion
 from tests.engine.test_hf_exactness import assert_greedy_matches_hf, check_against_hf, submit
@@ -40,6 +40,15 @@ def test_default_cpu_path_is_the_compiled_kernels(tiny_model: Path) -> None:
     linears = [m for m in model.modules() if isinstance(m, nn.Linear | PackedLinear)]
     assert linears and all(isinstance(m, PackedLinear) for m in linears)  # fp32: all packed
     assert engine.runner.sampler.has_argmax_kernel  # greedy rows: the compiled argmax
+    # The MLP's gate_up runs with SiLU·mul as its epilogue: the GEMM then silu_mul, same bits.
+    ops = cpu_ops()
+    gate_ups = [m for n, m in model.named_modules() if n.endswith(".mlp.gate_up_proj")]
+    assert len(gate_ups) == len(model.layers)
+    for gate_up in gate_ups:
+        assert isinstance(gate_up, PackedGateUpSiLU)
+        x = torch.randn(2, 3, gate_up.in_features)
+        want = ops.silu_mul(ops.linear(x.view(6, -1), gate_up.packed, gate_up.out_features, None))
+        assert torch.equal(gate_up(x), want.view(2, 3, -1))
 
 
 def test_half_precision_keeps_torch_linears(model_factory) -> None:  # type: ignore[no-untyped-def]
