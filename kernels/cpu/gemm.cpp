@@ -128,14 +128,13 @@ struct PlainOut {
 
   int64_t units() const { return (n + NB - 1) / NB; }
   const float* panel(int64_t u, int /*pass*/) const { return packed + u * k * NB; }
-  // Row m0 of the block that pass `pass` of unit u accumulates into, and its row stride.
-  float* out(int64_t u, int /*pass*/, int64_t m0, float* /*scratch*/) const {
-    return y + m0 * ldy + u * NB;
-  }
+  // Row m0 of the block that a pass of unit u accumulates into (given the pass's part of the
+  // thread's scratch), and its row stride.
+  float* out(int64_t u, int64_t m0, float* /*pass_scratch*/) const { return y + m0 * ldy + u * NB; }
   int64_t out_stride() const { return ldy; }
   int nvalid(int64_t u) const { return static_cast<int>(std::min<int64_t>(NB, n - u * NB)); }
   const float* bias_of(int64_t u) const { return bias != nullptr ? bias + u * NB : nullptr; }
-  void finish(int64_t, int64_t, int64_t, const float*) const {}
+  void finish(int64_t, int64_t, int64_t, const float*, int64_t) const {}
 };
 
 // gate_up packed as one weight [2 * inter, K] with inter a multiple of NB: unit u is gate panel u
@@ -148,21 +147,21 @@ struct SiluMulOut {
   int64_t k, inter;
   float* out_;
   int64_t ldo;
-  int64_t mc;  // rows per scratch half
 
   int64_t units() const { return inter / NB; }
   const float* panel(int64_t u, int pass) const {
     return packed + (u + pass * units()) * k * NB;
   }
-  float* out(int64_t /*u*/, int pass, int64_t /*m0*/, float* scratch) const {
-    return scratch + pass * mc * NB;
-  }
+  float* out(int64_t /*u*/, int64_t /*m0*/, float* pass_scratch) const { return pass_scratch; }
   int64_t out_stride() const { return NB; }
   int nvalid(int64_t) const { return NB; }
   const float* bias_of(int64_t) const { return nullptr; }
-  void finish(int64_t u, int64_t m0, int64_t m1, const float* scratch) const {
+  // Rows [m0, m1) of the unit's gate (pass 0) and up (pass 1) sit in `scratch`, one pass
+  // every `pass_stride` floats.
+  void finish(int64_t u, int64_t m0, int64_t m1, const float* scratch,
+              int64_t pass_stride) const {
     const float* gate = scratch;
-    const float* up = scratch + mc * NB;
+    const float* up = scratch + pass_stride;
     for (int64_t r = m0; r < m1; ++r) {
       float* o = out_ + r * ldo + u * NB;
       for (int c = 0; c < NB; c += W) {
@@ -181,9 +180,11 @@ float* scratch_of(int64_t floats) {
 }
 
 template <typename Out>
-void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o, int64_t mc_size,
+void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
                 int num_threads) {
   const int64_t units = o.units();
+  const int64_t mc_size = m <= 2 * kMC ? m : kMC;
+  const int64_t pass_stride = mc_size * NB;  // a pass's part of the scratch (SiluMulOut)
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
   const MicroKernel* kernels = kernels_by_rows();
@@ -196,7 +197,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   // slice prefetches the next chunk's first (at decode sizes a chunk of the smaller
   // projections is one panel with K in one block: nothing of theirs would be prefetched).
   parallel_for_dynamic(num_chunks, threads, [&](int64_t ch, int64_t following) {
-    float* scratch = Out::kPasses > 1 ? scratch_of(Out::kPasses * mc_size * NB) : nullptr;
+    float* scratch = Out::kPasses > 1 ? scratch_of(Out::kPasses * pass_stride) : nullptr;
     const float* following_first =
         following < num_chunks ? o.panel(following * chunk, 0) : nullptr;
     const int64_t u_begin = ch * chunk, u_end = std::min(units, u_begin + chunk);
@@ -206,7 +207,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
         const int nvalid = o.nvalid(u);
         const float* b = o.bias_of(u);
         for (int pass = 0; pass < Out::kPasses; ++pass) {
-          float* y = o.out(u, pass, m0, scratch);
+          float* y = o.out(u, m0, scratch == nullptr ? nullptr : scratch + pass * pass_stride);
           const int64_t ldy = o.out_stride();
           const float* first = o.panel(u, pass);
           for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
@@ -244,19 +245,17 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
             }
           }
         }
-        o.finish(u, m0, m1, scratch);
+        o.finish(u, m0, m1, scratch, pass_stride);
       }
     }
   });
 }
 
-int64_t row_block(int64_t m) { return m <= 2 * kMC ? m : kMC; }
-
 }  // namespace
 
 void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
                    int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
-  run_panels(x, m, k, ldx, PlainOut{packed, k, n, bias, y, ldy}, row_block(m), num_threads);
+  run_panels(x, m, k, ldx, PlainOut{packed, k, n, bias, y, ldy}, num_threads);
 }
 
 bool linear_silu_mul_fits(int64_t inter) { return inter > 0 && inter % NB == 0; }
@@ -264,8 +263,7 @@ bool linear_silu_mul_fits(int64_t inter) { return inter > 0 && inter % NB == 0; 
 void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
                             const float* packed, int64_t inter, float* out, int64_t ldo,
                             int num_threads) {
-  const int64_t mc = row_block(m);
-  run_panels(x, m, k, ldx, SiluMulOut{packed, k, inter, out, ldo, mc}, mc, num_threads);
+  run_panels(x, m, k, ldx, SiluMulOut{packed, k, inter, out, ldo}, num_threads);
 }
 
 }  // namespace pdcpu

@@ -151,17 +151,24 @@ Tensor pack_linear_weight(const Tensor& w) {
   return packed;
 }
 
-Tensor linear(const Tensor& x, const Tensor& packed, int64_t out_features,
-              const std::optional<Tensor>& bias) {
+// x float32 [rows, in] and `packed` the panels of a weight with `out_features` rows for it;
+// `name`: the op's, for the message.
+void check_packed_linear(const Tensor& x, const Tensor& packed, int64_t out_features,
+                         const char* name) {
   check_last_contiguous(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.is_contiguous() &&
                   packed.dim() == 3 && packed.size(1) == x.size(1) &&
                   packed.size(2) == pdcpu::linear_panel_width() &&
                   packed.size(0) * packed.size(2) >= out_features &&
                   packed.size(0) * packed.size(2) < out_features + packed.size(2),
-              "pdserve_cpu.linear: x must be float32 [rows, in] and packed [panels, in, ",
+              "pdserve_cpu.", name, ": x must be float32 [rows, in] and packed [panels, in, ",
               std::to_string(pdcpu::linear_panel_width()), "] for ", std::to_string(out_features),
               " outputs");
+}
+
+Tensor linear(const Tensor& x, const Tensor& packed, int64_t out_features,
+              const std::optional<Tensor>& bias) {
+  check_packed_linear(x, packed, out_features, "linear");
   const float* b = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
@@ -242,14 +249,8 @@ Tensor silu_mul(const Tensor& gate_up) {
 // silu_mul. Either way the same bits as those two.
 Tensor linear_silu_mul(const Tensor& x, const Tensor& packed, int64_t inter) {
   if (!pdcpu::linear_silu_mul_fits(inter)) return silu_mul(linear(x, packed, 2 * inter, {}));
-  check_last_contiguous(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.is_contiguous() &&
-                  packed.dim() == 3 && packed.size(1) == x.size(1) &&
-                  packed.size(2) == pdcpu::linear_panel_width() &&
-                  packed.size(0) * packed.size(2) == 2 * inter,
-              "pdserve_cpu.linear_silu_mul: x must be float32 [rows, in] and packed [panels, in, ",
-              std::to_string(pdcpu::linear_panel_width()), "] for 2 x ", std::to_string(inter),
-              " outputs");
+  // inter is a multiple of the panel width here, so the panels are exactly gate's then up's.
+  check_packed_linear(x, packed, 2 * inter, "linear_silu_mul");
   Tensor out = at::empty({x.size(0), inter}, x.options());
   pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
                                 packed.data_ptr<float>(), inter, out.data_ptr<float>(), inter,
