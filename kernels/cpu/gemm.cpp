@@ -172,6 +172,26 @@ struct SiluMulOut {
   }
 };
 
+// Whether a call whose rows fit one row block (m <= MR), so that it reads each weight once,
+// prefetches the weights in software as larger calls do. On AMD Zen 4 the hardware's stream
+// prefetcher keeps up with that single pass and software prefetches on top of it only take miss
+// slots (at 8 rows the 30 layers' GEMMs ran 9-13% faster without them, at 12 rows 0-4%). On an
+// Intel Sapphire Rapids-class VM the pass waits on memory without them (the FMAs that wait on a
+// missing line fill the scheduler, so few lines are in flight): with them the same GEMMs ran
+// 1.45x faster at 6 rows and 1.41x at 12 (docs/benchmarks.md, 2026-12-05). Elsewhere the
+// behaviour is unmeasured and stays as it was.
+bool prefetch_single_pass() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
+#else
+  return false;
+#endif
+}
+
 // The per-thread scratch a unit's passes accumulate into (SiluMulOut), at least `floats` long.
 float* scratch_of(int64_t floats) {
   thread_local std::vector<float> buffer;
@@ -188,6 +208,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
   const MicroKernel* kernels = kernels_by_rows();
+  const bool single_pass_pf = prefetch_single_pass();
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, units)));
   // Units go out in chunks, dynamically: on a shared machine a thread that loses its core
   // for a while takes fewer chunks instead of holding everyone at the end of the call.
@@ -219,13 +240,10 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
             // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
             // arithmetic (the hardware prefetcher only follows demand misses, and the row
             // blocks after the first miss nothing).
-            // A slice that one row block reads (m <= MR: small decode batches) is not
-            // prefetched: the hardware's stream prefetcher keeps up with that single pass, and
-            // software prefetches on top of it only take miss slots (at 8 rows the 30 layers'
-            // GEMMs ran 9-13% faster without them, at 12 rows 0-4%; docs/benchmarks.md,
-            // 2026-12-05).
+            // A slice that one row block reads (m <= MR: small decode batches) is prefetched
+            // only where that pays (prefetch_single_pass).
             const float* next = nullptr;
-            if (m1 - m0 > MR) {
+            if (m1 - m0 > MR || single_pass_pf) {
               if (k0 + kc < k) next = panel + kc * NB;
               else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
               else if (u + 1 < u_end) next = o.panel(u + 1, 0);
