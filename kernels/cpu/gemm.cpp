@@ -214,57 +214,64 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   // for a while takes fewer chunks instead of holding everyone at the end of the call.
   const int64_t chunk = std::max<int64_t>(1, units / (8 * threads));
   const int64_t num_chunks = (units + chunk - 1) / chunk;
-  // A thread claims its next chunk before it runs the current one, so the current chunk's last
-  // slice prefetches the next chunk's first (at decode sizes a chunk of the smaller
+  // An item is one row block's rows times one chunk of units, row block by row block: the
+  // threads work through every unit of a row block before the next one, so that block of x
+  // stays in cache while the weights stream past it. (Chunk by chunk, each row block's x came
+  // back from memory once per chunk: for q/k/v, o and down at 2,048 rows, a chunk is one panel
+  // and x was read 18-30 times; docs/benchmarks.md, 2026-12-05.) Decode sizes are one row
+  // block: an item is a chunk.
+  const int64_t m_blocks = (m + mc_size - 1) / mc_size;
+  const int64_t items = m_blocks * num_chunks;
+  // A thread claims its next item before it runs the current one, so the current item's last
+  // slice prefetches the next item's first (at decode sizes a chunk of the smaller
   // projections is one panel with K in one block: nothing of theirs would be prefetched).
-  parallel_for_dynamic(num_chunks, threads, [&](int64_t ch, int64_t following) {
+  parallel_for_dynamic(items, threads, [&](int64_t item, int64_t following) {
     float* scratch = Out::kPasses > 1 ? scratch_of(Out::kPasses * pass_stride) : nullptr;
     const float* following_first =
-        following < num_chunks ? o.panel(following * chunk, 0) : nullptr;
+        following < items ? o.panel(following % num_chunks * chunk, 0) : nullptr;
+    const int64_t ch = item % num_chunks;
     const int64_t u_begin = ch * chunk, u_end = std::min(units, u_begin + chunk);
-    for (int64_t m0 = 0; m0 < m; m0 += mc_size) {
-      const int64_t m1 = std::min(m, m0 + mc_size);
-      for (int64_t u = u_begin; u < u_end; ++u) {
-        const int nvalid = o.nvalid(u);
-        const float* b = o.bias_of(u);
-        for (int pass = 0; pass < Out::kPasses; ++pass) {
-          float* y = o.out(u, m0, scratch == nullptr ? nullptr : scratch + pass * pass_stride);
-          const int64_t ldy = o.out_stride();
-          const float* first = o.panel(u, pass);
-          for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
-            const int kc = static_cast<int>(std::min(kc_size, k - k0));
-            const float* panel = first + k0 * NB;
-            // The weights stream on: the next kc x NB slice (the next K block, the unit's
-            // next pass or the next unit; after the chunk's last slice, the next chunk's
-            // first, once the last row block is through) is prefetched while this one is
-            // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
-            // arithmetic (the hardware prefetcher only follows demand misses, and the row
-            // blocks after the first miss nothing).
-            // A slice that one row block reads (m <= MR: small decode batches) is prefetched
-            // only where that pays (prefetch_single_pass).
-            const float* next = nullptr;
-            if (m1 - m0 > MR || single_pass_pf) {
-              if (k0 + kc < k) next = panel + kc * NB;
-              else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
-              else if (u + 1 < u_end) next = o.panel(u + 1, 0);
-              else if (m1 == m) next = following_first;
-            }
-            const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
-            const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
-            const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
-            const int64_t blocks = (m1 - m0 + MR - 1) / MR;
-            const int64_t per = (lines + blocks - 1) / blocks;
-            for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
-              const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
-              const int64_t first_line = std::min(lines, rb * per);
-              const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
-              kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + (r - m0) * ldy, ldy, nvalid,
-                            k0 == 0, b, pf + first_line * 64, std::min(n_pf, kc));
-            }
+    const int64_t m0 = item / num_chunks * mc_size, m1 = std::min(m, m0 + mc_size);
+    for (int64_t u = u_begin; u < u_end; ++u) {
+      const int nvalid = o.nvalid(u);
+      const float* b = o.bias_of(u);
+      for (int pass = 0; pass < Out::kPasses; ++pass) {
+        float* y = o.out(u, m0, scratch == nullptr ? nullptr : scratch + pass * pass_stride);
+        const int64_t ldy = o.out_stride();
+        const float* first = o.panel(u, pass);
+        for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
+          const int kc = static_cast<int>(std::min(kc_size, k - k0));
+          const float* panel = first + k0 * NB;
+          // The weights stream on: the next kc x NB slice (the next K block, the unit's
+          // next pass or the next unit; after the item's last slice, the next item's
+          // first) is prefetched while this one is
+          // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
+          // arithmetic (the hardware prefetcher only follows demand misses, and the row
+          // blocks after the first miss nothing).
+          // A slice that one row block reads (m <= MR: small decode batches) is prefetched
+          // only where that pays (prefetch_single_pass).
+          const float* next = nullptr;
+          if (m1 - m0 > MR || single_pass_pf) {
+            if (k0 + kc < k) next = panel + kc * NB;
+            else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
+            else if (u + 1 < u_end) next = o.panel(u + 1, 0);
+            else next = following_first;
+          }
+          const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
+          const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
+          const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
+          const int64_t blocks = (m1 - m0 + MR - 1) / MR;
+          const int64_t per = (lines + blocks - 1) / blocks;
+          for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
+            const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+            const int64_t first_line = std::min(lines, rb * per);
+            const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
+            kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + (r - m0) * ldy, ldy, nvalid,
+                          k0 == 0, b, pf + first_line * 64, std::min(n_pf, kc));
           }
         }
-        o.finish(u, m0, m1, scratch, pass_stride);
       }
+      o.finish(u, m0, m1, scratch, pass_stride);
     }
   });
 }

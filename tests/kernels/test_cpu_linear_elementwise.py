@@ -34,6 +34,25 @@ def test_linear_matches_f_linear(m, k, n, bias):
     torch.testing.assert_close(got.double(), exact, atol=3e-6 * k**0.5 * 4, rtol=1e-5)
 
 
+def test_linear_same_bits_for_any_thread_count():
+    """At prefill sizes work goes out as (row block, chunk of panels) items, row block by row
+    block; how the threads share them must not change a bit of the result."""
+    ops = cpu_ops()
+    x, w, b = torch.randn(800, 1000), torch.randn(300, 1000), torch.randn(300)
+    packed = ops.pack_linear_weight(w)
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got.append(ops.linear(x, packed, 300, b))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+    exact = F.linear(x.double(), w.double(), b.double())
+    torch.testing.assert_close(got[0].double(), exact, atol=3e-6 * 1000**0.5 * 4, rtol=1e-5)
+
+
 def test_linear_strided_rows_and_bad_packing():
     ops = cpu_ops()
     w = torch.randn(20, 30)
