@@ -23,6 +23,7 @@ constexpr int NB = 2 * W;
 constexpr int MR = kNumVecRegs >= 32 ? 12 : 6;  // accumulators: 2 * MR vectors
 constexpr int kMaxKC = 768;                     // K block: a panel slice of kc x NB floats
 constexpr int kMC = 192;                        // row block at prefill sizes (multiple of MR)
+constexpr int kTileRows = 2 * MR;               // calls of at most this many rows use a tile
 
 // y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
 // of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
@@ -135,6 +136,19 @@ struct PlainOut {
   int nvalid(int64_t u) const { return static_cast<int>(std::min<int64_t>(NB, n - u * NB)); }
   const float* bias_of(int64_t u) const { return bias != nullptr ? bias + u * NB : nullptr; }
   void finish(int64_t, int64_t, int64_t, const float*, int64_t) const {}
+  // Copies unit u's rows [0, m) from its slot of a thread's tile (rows NB floats apart) to y.
+  void finish_tile(int64_t u, int64_t m, const float* slot, int64_t /*pass_stride*/) const {
+    const int cols = nvalid(u);
+    for (int64_t r = 0; r < m; ++r) {
+      float* dst = y + r * ldy + u * NB;
+      const float* src = slot + r * NB;
+      if (cols == NB) {
+        for (int c = 0; c < NB; c += W) store(dst + c, load(src + c));
+      } else {
+        std::memcpy(dst, src, cols * sizeof(float));
+      }
+    }
+  }
 };
 
 // gate_up packed as one weight [2 * inter, K] with inter a multiple of NB: unit u is gate panel u
@@ -170,6 +184,9 @@ struct SiluMulOut {
       }
     }
   }
+  void finish_tile(int64_t u, int64_t m, const float* slot, int64_t pass_stride) const {
+    finish(u, 0, m, slot, pass_stride);
+  }
 };
 
 // Whether a call whose rows fit one row block (m <= MR), so that it reads each weight once,
@@ -199,6 +216,19 @@ float* scratch_of(int64_t floats) {
   return buffer.data();
 }
 
+// The per-thread tile of a decode-size call (run_panels), at least `floats` long, and the list
+// of the units whose results it holds, room for at least `units`.
+float* tile_of(int64_t floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+int64_t* tile_units_of(int64_t units) {
+  thread_local std::vector<int64_t> list;
+  if (static_cast<int64_t>(list.size()) < units) list.resize(units);
+  return list.data();
+}
+
 template <typename Out>
 void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
                 int num_threads) {
@@ -210,8 +240,12 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   const MicroKernel* kernels = kernels_by_rows();
   const bool single_pass_pf = prefetch_single_pass();
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, units)));
-  // Units go out in chunks, dynamically: on a shared machine a thread that loses its core
-  // for a while takes fewer chunks instead of holding everyone at the end of the call.
+  // Units go out in chunks: each thread takes its own contiguous run of them, in order, so its
+  // weights stream as one sequence, and takes chunks from the others' runs once its own is done
+  // (SplitClaim): on a shared machine a thread that loses its core for a while does less
+  // instead of holding everyone at the end of the call. (Claimed one at a time from one
+  // counter, the threads took alternate chunks, each stream hopping over the other's panels:
+  // the 30 layers' GEMMs at 8 and 18 rows ran ~6% slower; docs/benchmarks.md, 2026-12-05.)
   const int64_t chunk = std::max<int64_t>(1, units / (8 * threads));
   const int64_t num_chunks = (units + chunk - 1) / chunk;
   // An item is one row block's rows times one chunk of units, row block by row block: the
@@ -222,57 +256,82 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   // block: an item is a chunk.
   const int64_t m_blocks = (m + mc_size - 1) / mc_size;
   const int64_t items = m_blocks * num_chunks;
-  // A thread claims its next item before it runs the current one, so the current item's last
-  // slice prefetches the next item's first (at decode sizes a chunk of the smaller
-  // projections is one panel with K in one block: nothing of theirs would be prefetched).
-  parallel_for_dynamic(items, threads, [&](int64_t item, int64_t following) {
-    float* scratch = Out::kPasses > 1 ? scratch_of(Out::kPasses * pass_stride) : nullptr;
-    const float* following_first =
-        following < items ? o.panel(following % num_chunks * chunk, 0) : nullptr;
-    const int64_t ch = item % num_chunks;
-    const int64_t u_begin = ch * chunk, u_end = std::min(units, u_begin + chunk);
-    const int64_t m0 = item / num_chunks * mc_size, m1 = std::min(m, m0 + mc_size);
-    for (int64_t u = u_begin; u < u_end; ++u) {
-      const int nvalid = o.nvalid(u);
-      const float* b = o.bias_of(u);
-      for (int pass = 0; pass < Out::kPasses; ++pass) {
-        float* y = o.out(u, m0, scratch == nullptr ? nullptr : scratch + pass * pass_stride);
-        const int64_t ldy = o.out_stride();
-        const float* first = o.panel(u, pass);
-        for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
-          const int kc = static_cast<int>(std::min(kc_size, k - k0));
-          const float* panel = first + k0 * NB;
-          // The weights stream on: the next kc x NB slice (the next K block, the unit's
-          // next pass or the next unit; after the item's last slice, the next item's
-          // first) is prefetched while this one is
-          // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
-          // arithmetic (the hardware prefetcher only follows demand misses, and the row
-          // blocks after the first miss nothing).
-          // A slice that one row block reads (m <= MR: small decode batches) is prefetched
-          // only where that pays (prefetch_single_pass).
-          const float* next = nullptr;
-          if (m1 - m0 > MR || single_pass_pf) {
-            if (k0 + kc < k) next = panel + kc * NB;
-            else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
-            else if (u + 1 < u_end) next = o.panel(u + 1, 0);
-            else next = following_first;
-          }
-          const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
-          const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
-          const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
-          const int64_t blocks = (m1 - m0 + MR - 1) / MR;
-          const int64_t per = (lines + blocks - 1) / blocks;
-          for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
-            const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
-            const int64_t first_line = std::min(lines, rb * per);
-            const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
-            kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + (r - m0) * ldy, ldy, nvalid,
-                          k0 == 0, b, pf + first_line * 64, std::min(n_pf, kc));
+  // A decode-size call (at most kTileRows rows) puts each unit's result in a slot of the
+  // thread's own tile, the slots back to back, and writes them out to y once the thread has no
+  // more items. Written unit by unit, the output's rows are as many pages apart as there are
+  // rows, and those scattered stores slow the weight stream they interleave with (at 18 rows:
+  // 22 ms for 400 MB of weights against 17.5 through a tile, and ~5% on the 30 layers'
+  // GEMMs; an Intel Sapphire Rapids-class VM, docs/benchmarks.md, 2026-12-05).
+  const bool tiled = m <= kTileRows;
+  const int64_t slot_floats = Out::kPasses * m * NB;
+  const int nt = static_cast<int>(std::min<int64_t>(threads, items));
+  SplitClaim queue(items, nt);
+  parallel(nt, [&](int t, int) {
+    float* scratch =
+        Out::kPasses > 1 && !tiled ? scratch_of(Out::kPasses * pass_stride) : nullptr;
+    float* tile = tiled ? tile_of(units * slot_floats) : nullptr;
+    int64_t* tile_units = tiled ? tile_units_of(units) : nullptr;
+    int64_t slots = 0;
+    // A thread claims its next item before it runs the current one, so the current item's
+    // last slice prefetches the next item's first (at decode sizes a chunk of the smaller
+    // projections is one panel with K in one block: nothing of theirs would be prefetched).
+    auto body = [&](int64_t item, int64_t following) {
+      const float* following_first =
+          following < items ? o.panel(following % num_chunks * chunk, 0) : nullptr;
+      const int64_t ch = item % num_chunks;
+      const int64_t u_begin = ch * chunk, u_end = std::min(units, u_begin + chunk);
+      const int64_t m0 = item / num_chunks * mc_size, m1 = std::min(m, m0 + mc_size);
+      for (int64_t u = u_begin; u < u_end; ++u) {
+        const int nvalid = o.nvalid(u);
+        const float* b = o.bias_of(u);
+        float* slot = tiled ? tile + slots * slot_floats : nullptr;
+        for (int pass = 0; pass < Out::kPasses; ++pass) {
+          float* pass_scratch = scratch == nullptr ? nullptr : scratch + pass * pass_stride;
+          float* y = tiled ? slot + pass * m * NB : o.out(u, m0, pass_scratch);
+          const int64_t ldy = tiled ? NB : o.out_stride();
+          const float* first = o.panel(u, pass);
+          for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
+            const int kc = static_cast<int>(std::min(kc_size, k - k0));
+            const float* panel = first + k0 * NB;
+            // The weights stream on: the next kc x NB slice (the next K block, the unit's
+            // next pass or the next unit; after the item's last slice, the next item's
+            // first) is prefetched while this one is
+            // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
+            // arithmetic (the hardware prefetcher only follows demand misses, and the row
+            // blocks after the first miss nothing).
+            // A slice that one row block reads (m <= MR: small decode batches) is prefetched
+            // only where that pays (prefetch_single_pass).
+            const float* next = nullptr;
+            if (m1 - m0 > MR || single_pass_pf) {
+              if (k0 + kc < k) next = panel + kc * NB;
+              else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
+              else if (u + 1 < u_end) next = o.panel(u + 1, 0);
+              else next = following_first;
+            }
+            const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
+            const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
+            const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
+            const int64_t blocks = (m1 - m0 + MR - 1) / MR;
+            const int64_t per = (lines + blocks - 1) / blocks;
+            for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
+              const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+              const int64_t first_line = std::min(lines, rb * per);
+              const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
+              kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + (r - m0) * ldy, ldy, nvalid,
+                            k0 == 0, b, pf + first_line * 64, std::min(n_pf, kc));
+            }
           }
         }
+        if (tiled) {
+          tile_units[slots++] = u;
+        } else {
+          o.finish(u, m0, m1, scratch, pass_stride);
+        }
       }
-      o.finish(u, m0, m1, scratch, pass_stride);
-    }
+    };
+    queue.drain(t, body);
+    for (int64_t i = 0; i < slots; ++i)
+      o.finish_tile(tile_units[i], m, tile + i * slot_floats, m * NB);
   });
 }
 

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -247,11 +248,45 @@ void parallel(int threads, const std::function<void(int, int)>& body) {
   pool().run(threads, body);
 }
 
-void parallel_for_dynamic(int64_t count, int threads,
-                          const std::function<void(int64_t, int64_t)>& body) {
-  const int n = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
-  ClaimAhead items(count);
-  parallel(n, [&](int, int) { items.drain(body); });
+namespace {
+uint64_t pack_range(int64_t front, int64_t back) {
+  return static_cast<uint64_t>(front) | static_cast<uint64_t>(back) << 32;
+}
+int64_t range_front(uint64_t b) { return static_cast<int64_t>(b & 0xffffffffu); }
+int64_t range_back(uint64_t b) { return static_cast<int64_t>(b >> 32); }
+}  // namespace
+
+SplitClaim::SplitClaim(int64_t count, int parts)
+    : count_(count), ranges_(new Range[std::max(1, parts)]), parts_(std::max(1, parts)) {
+  if (count >= (int64_t{1} << 31)) throw std::length_error("SplitClaim: too many items");
+  for (int p = 0; p < parts_; ++p)
+    ranges_[p].bounds.store(pack_range(count * p / parts_, count * (p + 1) / parts_),
+                            std::memory_order_relaxed);
+}
+
+int64_t SplitClaim::claim(int part) {
+  Range& own = ranges_[part];
+  uint64_t b = own.bounds.load(std::memory_order_relaxed);
+  while (range_front(b) < range_back(b)) {
+    if (own.bounds.compare_exchange_weak(b, pack_range(range_front(b) + 1, range_back(b)),
+                                         std::memory_order_relaxed))
+      return range_front(b);
+  }
+  for (;;) {  // steal the last item of the range with the most left
+    int victim = -1;
+    int64_t most = 0;
+    for (int p = 0; p < parts_; ++p) {
+      const uint64_t v = ranges_[p].bounds.load(std::memory_order_relaxed);
+      if (range_back(v) - range_front(v) > most) most = range_back(v) - range_front(v), victim = p;
+    }
+    if (victim < 0) return count_;
+    uint64_t v = ranges_[victim].bounds.load(std::memory_order_relaxed);
+    while (range_front(v) < range_back(v)) {
+      if (ranges_[victim].bounds.compare_exchange_weak(
+              v, pack_range(range_front(v), range_back(v) - 1), std::memory_order_relaxed))
+        return range_back(v) - 1;
+    }
+  }
 }
 
 void parallel_for_static(int64_t count, int threads,

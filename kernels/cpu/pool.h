@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace pdcpu {
 
@@ -52,9 +53,35 @@ class ClaimAhead {
   std::atomic<int64_t> claimed_{0};
 };
 
-// body(i, next) for every i in [0, count) on up to `threads` threads, through a ClaimAhead.
-void parallel_for_dynamic(int64_t count, int threads,
-                          const std::function<void(int64_t, int64_t)>& body);
+// Items [0, count) split into `parts` contiguous ranges, one per thread of a `parallel` region:
+// thread t takes the items of range t from its front, in order, and once that is empty takes
+// items from the back of whichever range has the most left. A thread's items are then mostly
+// one contiguous run, in order (what a weight stream wants: its memory in one sequence), and a
+// thread that loses its core for a while still ends up doing less. As with ClaimAhead, a
+// thread claims its next item before it runs the current one, and body(i, next) learns it.
+class SplitClaim {
+ public:
+  SplitClaim(int64_t count, int parts);
+  template <typename Body>
+  void drain(int part, Body&& body) {
+    for (int64_t i = claim(part); i < count_;) {
+      const int64_t next = claim(part);
+      body(i, next);
+      i = next;
+    }
+  }
+
+ private:
+  // Range r holds items [front, back): both halves of one word, so that a claim from either
+  // end is one compare-and-swap.
+  struct alignas(64) Range {
+    std::atomic<uint64_t> bounds{0};
+  };
+  int64_t claim(int part);  // count_ when no range has an item left
+  const int64_t count_;
+  std::unique_ptr<Range[]> ranges_;
+  const int parts_;
+};
 
 // body(begin, end) over `threads` contiguous, near-equal ranges of [0, count).
 void parallel_for_static(int64_t count, int threads,
