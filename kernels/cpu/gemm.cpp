@@ -295,10 +295,9 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
             const float* panel = first + k0 * NB;
             // The weights stream on: the next kc x NB slice (the next K block, the unit's
             // next pass or the next unit; after the item's last slice, the next item's
-            // first) is prefetched while this one is
-            // multiplied, its lines shared out over the row blocks, so its fetch overlaps their
-            // arithmetic (the hardware prefetcher only follows demand misses, and the row
-            // blocks after the first miss nothing).
+            // first) is prefetched while this one is multiplied, its lines shared out over
+            // the row blocks, so its fetch overlaps their arithmetic (the hardware prefetcher
+            // only follows demand misses, and the row blocks after the first miss nothing).
             // A slice that one row block reads (m <= MR: small decode batches) is prefetched
             // only where that pays (prefetch_single_pass).
             const float* next = nullptr;

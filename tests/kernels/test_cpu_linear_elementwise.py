@@ -34,23 +34,32 @@ def test_linear_matches_f_linear(m, k, n, bias):
     torch.testing.assert_close(got.double(), exact, atol=3e-6 * k**0.5 * 4, rtol=1e-5)
 
 
-def test_linear_same_bits_for_any_thread_count():
-    """At prefill sizes work goes out as (row block, chunk of panels) items, row block by row
-    block; how the threads share them must not change a bit of the result."""
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [
+        (800, 1000, 300),  # prefill: (row block, chunk of panels) items, row block by row block
+        (18, 1000, 300),  # decode: each thread's units through its tile, written out at the end
+        (24, 64, 37),  # the most rows a tile takes (AVX-512), a partial last panel
+        (25, 64, 37),  # one row more: no tile
+    ],
+)
+def test_linear_same_bits_for_any_thread_count(m, k, n):
+    """However the threads share the panels (each its own run, stealing at the end) and
+    wherever a unit's result waits before it reaches y, not a bit of the result changes."""
     ops = cpu_ops()
-    x, w, b = torch.randn(800, 1000), torch.randn(300, 1000), torch.randn(300)
+    x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
     packed = ops.pack_linear_weight(w)
     before = torch.get_num_threads()
     got = []
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            got.append(ops.linear(x, packed, 300, b))
+            got.append(ops.linear(x, packed, n, b))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
     exact = F.linear(x.double(), w.double(), b.double())
-    torch.testing.assert_close(got[0].double(), exact, atol=3e-6 * 1000**0.5 * 4, rtol=1e-5)
+    torch.testing.assert_close(got[0].double(), exact, atol=3e-6 * k**0.5 * 4, rtol=1e-5)
 
 
 def test_linear_strided_rows_and_bad_packing():
