@@ -118,9 +118,14 @@ void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float
 namespace {
 
 // Where a call's panels go. A unit is what a thread claims: one panel of y (PlainOut), or a gate
-// panel with its up panel (SiluMulOut), whose two results meet in `finish`.
+// panel with its up panel (SiluMulOut), whose two results meet in `finish`. A unit's passes
+// accumulate into a buffer of the thread's (rows NB floats apart, one pass every `pass_stride`
+// floats) and `finish` writes them to the output; only an Out with kInPlace may instead
+// accumulate straight into its output (out(), out_stride()), and its `finish` then gets no
+// buffer.
 struct PlainOut {
   static constexpr int kPasses = 1;
+  static constexpr bool kInPlace = true;
   const float* packed;
   int64_t k, n;
   const float* bias;
@@ -129,19 +134,18 @@ struct PlainOut {
 
   int64_t units() const { return (n + NB - 1) / NB; }
   const float* panel(int64_t u, int /*pass*/) const { return packed + u * k * NB; }
-  // Row m0 of the block that a pass of unit u accumulates into (given the pass's part of the
-  // thread's scratch), and its row stride.
-  float* out(int64_t u, int64_t m0, float* /*pass_scratch*/) const { return y + m0 * ldy + u * NB; }
+  // Row m0 of unit u's columns of y, and y's row stride.
+  float* out(int64_t u, int64_t m0) const { return y + m0 * ldy + u * NB; }
   int64_t out_stride() const { return ldy; }
   int nvalid(int64_t u) const { return static_cast<int>(std::min<int64_t>(NB, n - u * NB)); }
   const float* bias_of(int64_t u) const { return bias != nullptr ? bias + u * NB : nullptr; }
-  void finish(int64_t, int64_t, int64_t, const float*, int64_t) const {}
-  // Copies unit u's rows [0, m) from its slot of a thread's tile (rows NB floats apart) to y.
-  void finish_tile(int64_t u, int64_t m, const float* slot, int64_t /*pass_stride*/) const {
+  // Copies rows [m0, m1) of unit u from `buffer` to y (nothing when it ran in place).
+  void finish(int64_t u, int64_t m0, int64_t m1, const float* buffer, int64_t) const {
+    if (buffer == nullptr) return;
     const int cols = nvalid(u);
-    for (int64_t r = 0; r < m; ++r) {
-      float* dst = y + r * ldy + u * NB;
-      const float* src = slot + r * NB;
+    for (int64_t r = m0; r < m1; ++r) {
+      float* dst = out(u, r);
+      const float* src = buffer + (r - m0) * NB;
       if (cols == NB) {
         for (int c = 0; c < NB; c += W) store(dst + c, load(src + c));
       } else {
@@ -152,11 +156,12 @@ struct PlainOut {
 };
 
 // gate_up packed as one weight [2 * inter, K] with inter a multiple of NB: unit u is gate panel u
-// and up panel u + inter / NB, multiplied into the thread's scratch; `finish` writes
+// and up panel u + inter / NB, multiplied into the thread's buffer; `finish` writes
 // out[:, u * NB : (u + 1) * NB] = silu(gate) * up, the same arithmetic as silu_mul
 // (elementwise.cpp), so the same bits.
 struct SiluMulOut {
   static constexpr int kPasses = 2;
+  static constexpr bool kInPlace = false;
   const float* packed;
   int64_t k, inter;
   float* out_;
@@ -166,16 +171,13 @@ struct SiluMulOut {
   const float* panel(int64_t u, int pass) const {
     return packed + (u + pass * units()) * k * NB;
   }
-  float* out(int64_t /*u*/, int64_t /*m0*/, float* pass_scratch) const { return pass_scratch; }
-  int64_t out_stride() const { return NB; }
   int nvalid(int64_t) const { return NB; }
   const float* bias_of(int64_t) const { return nullptr; }
-  // Rows [m0, m1) of the unit's gate (pass 0) and up (pass 1) sit in `scratch`, one pass
-  // every `pass_stride` floats.
-  void finish(int64_t u, int64_t m0, int64_t m1, const float* scratch,
+  // Rows [m0, m1) of the unit's gate (pass 0) and up (pass 1) sit in `buffer`.
+  void finish(int64_t u, int64_t m0, int64_t m1, const float* buffer,
               int64_t pass_stride) const {
-    const float* gate = scratch;
-    const float* up = scratch + pass_stride;
+    const float* gate = buffer;
+    const float* up = buffer + pass_stride;
     for (int64_t r = m0; r < m1; ++r) {
       float* o = out_ + r * ldo + u * NB;
       for (int c = 0; c < NB; c += W) {
@@ -183,9 +185,6 @@ struct SiluMulOut {
         store(o + c, silu_times(g, load(up + (r - m0) * NB + c)));
       }
     }
-  }
-  void finish_tile(int64_t u, int64_t m, const float* slot, int64_t pass_stride) const {
-    finish(u, 0, m, slot, pass_stride);
   }
 };
 
@@ -209,20 +208,14 @@ bool prefetch_single_pass() {
 #endif
 }
 
-// The per-thread scratch a unit's passes accumulate into (SiluMulOut), at least `floats` long.
-float* scratch_of(int64_t floats) {
+// The calling thread's buffer that units' passes accumulate into (run_panels: one unit's, or a
+// decode-size call's tile of all of them), at least `floats` long.
+float* thread_buffer(int64_t floats) {
   thread_local std::vector<float> buffer;
   if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
   return buffer.data();
 }
-
-// The per-thread tile of a decode-size call (run_panels), at least `floats` long, and the list
-// of the units whose results it holds, room for at least `units`.
-float* tile_of(int64_t floats) {
-  thread_local std::vector<float> buffer;
-  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
-  return buffer.data();
-}
+// The list of the units whose results a thread's tile holds, room for at least `units`.
 int64_t* tile_units_of(int64_t units) {
   thread_local std::vector<int64_t> list;
   if (static_cast<int64_t>(list.size()) < units) list.resize(units);
@@ -234,7 +227,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
                 int num_threads) {
   const int64_t units = o.units();
   const int64_t mc_size = m <= 2 * kMC ? m : kMC;
-  const int64_t pass_stride = mc_size * NB;  // a pass's part of the scratch (SiluMulOut)
+  const int64_t pass_stride = mc_size * NB;  // a pass's part of a unit's buffer
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
   const MicroKernel* kernels = kernels_by_rows();
@@ -262,14 +255,16 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   // rows, and those scattered stores slow the weight stream they interleave with (at 18 rows:
   // 22 ms for 400 MB of weights against 17.5 through a tile, and ~5% on the 30 layers'
   // GEMMs; an Intel Sapphire Rapids-class VM, docs/benchmarks.md, 2026-12-05).
-  const bool tiled = m <= kTileRows;
-  const int64_t slot_floats = Out::kPasses * m * NB;
+  const bool tiled = m <= kTileRows;  // so one row block: mc_size == m
+  const int64_t unit_floats = Out::kPasses * pass_stride;
   const int nt = static_cast<int>(std::min<int64_t>(threads, items));
   SplitClaim queue(items, nt);
   parallel(nt, [&](int t, int) {
-    float* scratch =
-        Out::kPasses > 1 && !tiled ? scratch_of(Out::kPasses * pass_stride) : nullptr;
-    float* tile = tiled ? tile_of(units * slot_floats) : nullptr;
+    // Tiled: unit i of this thread's in slot i. Else one unit's passes at a time, unless
+    // they run in place.
+    float* buffer = tiled              ? thread_buffer(units * unit_floats)
+                    : !Out::kInPlace ? thread_buffer(unit_floats)
+                                     : nullptr;
     int64_t* tile_units = tiled ? tile_units_of(units) : nullptr;
     int64_t slots = 0;
     // A thread claims its next item before it runs the current one, so the current item's
@@ -284,11 +279,14 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
       for (int64_t u = u_begin; u < u_end; ++u) {
         const int nvalid = o.nvalid(u);
         const float* b = o.bias_of(u);
-        float* slot = tiled ? tile + slots * slot_floats : nullptr;
+        float* unit_buffer =
+            buffer == nullptr ? nullptr : buffer + (tiled ? slots : 0) * unit_floats;
         for (int pass = 0; pass < Out::kPasses; ++pass) {
-          float* pass_scratch = scratch == nullptr ? nullptr : scratch + pass * pass_stride;
-          float* y = tiled ? slot + pass * m * NB : o.out(u, m0, pass_scratch);
-          const int64_t ldy = tiled ? NB : o.out_stride();
+          float* y = unit_buffer == nullptr ? nullptr : unit_buffer + pass * pass_stride;
+          int64_t ldy = NB;
+          if constexpr (Out::kInPlace) {
+            if (y == nullptr) y = o.out(u, m0), ldy = o.out_stride();
+          }
           const float* first = o.panel(u, pass);
           for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
             const int kc = static_cast<int>(std::min(kc_size, k - k0));
@@ -324,13 +322,13 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
         if (tiled) {
           tile_units[slots++] = u;
         } else {
-          o.finish(u, m0, m1, scratch, pass_stride);
+          o.finish(u, m0, m1, unit_buffer, pass_stride);
         }
       }
     };
     queue.drain(t, body);
     for (int64_t i = 0; i < slots; ++i)
-      o.finish_tile(tile_units[i], m, tile + i * slot_floats, m * NB);
+      o.finish(tile_units[i], 0, m, buffer + i * unit_floats, pass_stride);
   });
 }
 
