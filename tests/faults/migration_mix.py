@@ -166,8 +166,10 @@ async def run_mix(
         if fault is not None:
             deadline = time.monotonic() + 60
             while any(s.num_tokens < after_tokens for s in seen.values()):
-                assert time.monotonic() < deadline, {k: s.num_tokens for k, s in seen.items()}
-                assert not any(t.done() for t in tasks), seen
+                # On failure: each stream's tokens, finish and error, and every process's log.
+                state = {k: (s.num_tokens, s.finish_reason, s.error) for k, s in seen.items()}
+                assert time.monotonic() < deadline, f"{state}\n{cluster.logs()}"
+                assert not any(t.done() for t in tasks), f"{state}\n{cluster.logs()}"
                 await asyncio.sleep(0.02)
             await asyncio.to_thread(fault)
         await asyncio.wait_for(asyncio.gather(*tasks), CALL_TIMEOUT_S + 30)
