@@ -820,13 +820,13 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   // Score rows: the block's keys rounded up to whole vectors and to groups of 4 keys.
   const int ld = (a.block_size + std::max(W, 4) - 1) / std::max(W, 4) * std::max(W, 4);
   const int threads = std::max(1, std::min(a.num_threads, n));
-  ClaimAhead queue(n);
+  SplitClaim queue(n, 1);  // one range: items in order (longest first) to whoever is free
   parallel(threads, [&](int, int) {
     Scratch sc(a.head_dim, ld, a.block_size);
     // A thread prefetches the first block of the item it claimed next while it runs the
     // current one: within an item every block is prefetched while the one before it is worked
     // on, and this covers the first one too.
-    queue.drain([&](int64_t i, int64_t following) {
+    queue.drain(0, [&](int64_t i, int64_t following) {
       if (following < n && !items[following].tile) prefetch_first_block<T>(a, items[following]);
       const Item& it = items[i];
       float* part = it.part < 0 ? nullptr : partial.data() + it.part * stride;

@@ -31,34 +31,15 @@ namespace pdcpu {
 // body(0, 1) on the calling thread.
 void parallel(int threads, const std::function<void(int, int)>& body);
 
-// Items [0, count) handed out one at a time to the threads that drain it (inside one
-// `parallel` region). A thread claims its next item before it runs the current one, and
-// body(i, next) learns it: `next` is the item the same thread runs after i (count when none),
-// so the body can prefetch that item's data while it works on i.
-class ClaimAhead {
- public:
-  explicit ClaimAhead(int64_t count) : count_(count) {}
-  template <typename Body>
-  void drain(Body&& body) {
-    for (int64_t i = claim(); i < count_;) {
-      const int64_t next = claim();
-      body(i, next);
-      i = next;
-    }
-  }
-
- private:
-  int64_t claim() { return std::min(count_, claimed_.fetch_add(1, std::memory_order_relaxed)); }
-  const int64_t count_;
-  std::atomic<int64_t> claimed_{0};
-};
-
 // Items [0, count) split into `parts` contiguous ranges, one per thread of a `parallel` region:
 // thread t takes the items of range t from its front, in order, and once that is empty takes
 // items from the back of whichever range has the most left. A thread's items are then mostly
 // one contiguous run, in order (what a weight stream wants: its memory in one sequence), and a
-// thread that loses its core for a while still ends up doing less. As with ClaimAhead, a
-// thread claims its next item before it runs the current one, and body(i, next) learns it.
+// thread that loses its core for a while still ends up doing less. With one part, which every
+// thread drains, the items go out one at a time in order to whichever thread asks (a shared
+// counter). A thread claims its next item before it runs the current one, and body(i, next)
+// learns it: `next` is the item the same thread runs after i (count when none), so the body
+// can prefetch that item's data while it works on i.
 class SplitClaim {
  public:
   SplitClaim(int64_t count, int parts);

@@ -139,6 +139,13 @@ async def sse_stream(client: httpx.AsyncClient, url: str, req: Req, seen: Seen) 
                     seen.finish_reason = choice["finish_reason"]
 
 
+def _stuck(seen: dict[str, Seen], cluster: Cluster) -> str:
+    """A failed wait for the fault's moment: each stream's tokens, finish and error, and every
+    process's log (where the stream that got nothing sat)."""
+    state = {k: (s.num_tokens, s.finish_reason, s.error) for k, s in seen.items()}
+    return f"{state}\n{cluster.logs()}"
+
+
 async def run_mix(
     cluster: Cluster,
     reqs: list[Req],
@@ -166,10 +173,8 @@ async def run_mix(
         if fault is not None:
             deadline = time.monotonic() + 60
             while any(s.num_tokens < after_tokens for s in seen.values()):
-                # On failure: each stream's tokens, finish and error, and every process's log.
-                state = {k: (s.num_tokens, s.finish_reason, s.error) for k, s in seen.items()}
-                assert time.monotonic() < deadline, f"{state}\n{cluster.logs()}"
-                assert not any(t.done() for t in tasks), f"{state}\n{cluster.logs()}"
+                assert time.monotonic() < deadline, _stuck(seen, cluster)
+                assert not any(t.done() for t in tasks), _stuck(seen, cluster)
                 await asyncio.sleep(0.02)
             await asyncio.to_thread(fault)
         await asyncio.wait_for(asyncio.gather(*tasks), CALL_TIMEOUT_S + 30)
