@@ -6,6 +6,7 @@ admitted, and a decode worker that left the registry is refused again."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -29,14 +30,20 @@ def llama(model_factory) -> Path:  # type: ignore[no-untyped-def]
     return model_factory("llama", **TINY_ARCHS["llama"])
 
 
+_CALLS = itertools.count()
+
+
 def _prefill(target: str, endpoint: str) -> grpc.RpcError:
     """A ticket for ``endpoint`` with a token nobody issued: the call always fails; how it
-    fails says whether the prefill worker would connect there."""
+    fails says whether the prefill worker would connect there. Each call has its own request
+    id: the worker's error status reaches the client before the failed call has let go of its
+    id, so an id used again at once can meet "already in flight"."""
+    request_id = f"forged-{next(_CALLS)}"
     ticket = kvpb.KVReservation(
-        request_id="forged", endpoint=endpoint, token=b"\x01" * 16, block_ids=[0], lease_s=5.0
+        request_id=request_id, endpoint=endpoint, token=b"\x01" * 16, block_ids=[0], lease_s=5.0
     )
     request = wpb.PrefillRequest(
-        request_id="forged",
+        request_id=request_id,
         prompt_token_ids=[1, 2, 3, 4],
         sampling_params=sampling_params_to_proto(SamplingParams(max_tokens=1)),
         reservation=ticket,
