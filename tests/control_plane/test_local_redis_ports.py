@@ -3,7 +3,11 @@ redis-server's start when its drawn port is taken before it binds it (a real red
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import socket
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +53,29 @@ def test_a_given_port_that_is_taken_fails_clearly(tmp_path: Path) -> None:
             server.start()
     assert server.port == port
     server.stop()
+
+
+def _draw(count: int) -> list[int]:
+    return ports.free_ports(count)
+
+
+def test_draws_that_run_at_once_never_hand_out_the_same_port() -> None:
+    # Four processes drawing 100 ports each from a 12,000-port span would share about seven
+    # ports by chance alone; the machine-wide reservation leaves them none.
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        draws = pool.map(_draw, [100] * 4)
+    every = [port for drawn in draws for port in drawn]
+    assert len(every) == 400
+    assert len(set(every)) == 400
+
+
+def test_a_reservation_holds_a_port_until_it_is_stale() -> None:
+    (port,) = ports.free_ports(1)
+    claim = Path(tempfile.gettempdir()) / "pdserve-ports" / str(port)
+    assert claim.exists()
+    with ports._Reservations() as reservations:
+        assert not reservations.claim(port)
+        stale = time.time() - ports.HOLD_S - 1
+        os.utime(claim, (stale, stale))
+        assert reservations.claim(port)  # and the claim is fresh again
+        assert not reservations.claim(port)
