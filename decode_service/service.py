@@ -35,7 +35,7 @@ from engine.sampling_params import SamplingParams
 from kv_transfer.decode_connector import DecodeConnector
 from kv_transfer.transport import KVReceiver
 from pdserve.wire import delta_to_proto, resume_from_proto, sampling_params_from_proto
-from pdserve.worker_process import Drain, integrity_error
+from pdserve.worker_process import Drain, RequestFailed, integrity_error
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
 
@@ -76,7 +76,7 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
                 try:
                     await self._generate(rid, request, params, resume, context, out)
                 except EngineShutdownError as e:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"decode worker: {e}")
+                    raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"decode worker: {e}") from e
 
     async def _generate(
         self,
@@ -113,14 +113,15 @@ class DecodeWorkerService(worker_pb2_grpc.DecodeWorkerServicer):
             try:
                 o: RequestOutput = await first
             except ValueError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
             except StopAsyncIteration:
-                await context.abort(grpc.StatusCode.INTERNAL, "the engine ended the stream")
+                ended = "the engine ended the stream"
+                raise RequestFailed(grpc.StatusCode.INTERNAL, ended) from None
             if ticketed:
                 self.admission_seconds.observe(time.monotonic() - ticketed)
             while True:
                 if o.finish_reason == "error":
-                    await context.abort(
+                    raise RequestFailed(
                         grpc.StatusCode.UNAVAILABLE, o.error or f"request {rid} failed"
                     )
                 await out.write(wpb.DecodeMessage(output=delta_to_proto(o)))

@@ -82,6 +82,19 @@ async def start_grpc_server(
     return server, bound, health_servicer
 
 
+class RequestFailed(Exception):
+    """How a handler inside ``Drain.serving`` fails its request: ``serving`` lets go of the
+    request first (the handler's own cleanup has run by then: its engine request aborted, its
+    connector job gone) and only then sends the status. ``context.abort`` sends the status
+    before it raises, so a client retrying at once with the same id could be told the request
+    is still in flight here."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class Drain:
     """The requests a worker serves, and its shutdown in two steps.
 
@@ -122,7 +135,8 @@ class Drain:
         admit_while_draining: bool = False,
     ) -> AsyncIterator[None]:
         """Around one request's handler: refuses it when draining or when ``request_id`` is
-        already in flight here (INVALID_ARGUMENT: cleanup must never touch another's)."""
+        already in flight here (INVALID_ARGUMENT: cleanup must never touch another's). The
+        handler fails its request by raising ``RequestFailed``, not by ``context.abort``."""
         if self.is_stopping or (self.is_draining and not admit_while_draining):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the {self.who} is shutting down")
         if request_id in self._tasks:
@@ -134,17 +148,22 @@ class Drain:
         assert task is not None
         self._tasks[request_id] = task
         self._idle.clear()
+        failure: RequestFailed | None = None
         try:
             yield
+        except RequestFailed as e:
+            failure = e
         except asyncio.CancelledError:
             if not self.is_stopping:
                 raise  # the caller cancelled: nobody to tell
             task.uncancel()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, self.message)
+            failure = RequestFailed(grpc.StatusCode.UNAVAILABLE, self.message)
         finally:
             del self._tasks[request_id]
             if not self._tasks:
                 self._idle.set()
+        if failure is not None:
+            await context.abort(failure.code, failure.message)  # the id is free by now
 
     async def begin(self, health_servicer: health.aio.HealthServicer, service_name: str) -> None:
         """``service_name`` (the role's readiness service) turns NOT_SERVING: the Service

@@ -29,7 +29,7 @@ from kv_transfer import KVSender, KVTransferError, ReservationTicket
 from kv_transfer.errors import IncompatiblePeerError, PeerNotAllowedError
 from kv_transfer.prefill_connector import EngineStalledError, PrefillConnector
 from pdserve.wire import resume_from_proto, sampling_params_from_proto
-from pdserve.worker_process import Drain, integrity_error
+from pdserve.worker_process import Drain, RequestFailed, integrity_error
 from protos.pdserve.v1 import generate_pb2 as gpb
 from protos.pdserve.v1 import worker_pb2 as wpb
 from protos.pdserve.v1 import worker_pb2_grpc
@@ -74,16 +74,16 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             params = sampling_params_from_proto(request.sampling_params)
             resume = resume_from_proto(request.HasField("resume"), request.resume)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
         ticket = ReservationTicket.from_proto(request.reservation)
         try:
             transfer = await self._sender.open(ticket)
         except IncompatiblePeerError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            raise RequestFailed(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
         except PeerNotAllowedError as e:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+            raise RequestFailed(grpc.StatusCode.PERMISSION_DENIED, str(e)) from e
         except KVTransferError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}") from e
         done = self._connector.start_job(rid, transfer)
         stream = self._engine.generate(
             rid,
@@ -106,11 +106,11 @@ class PrefillWorkerService(worker_pb2_grpc.PrefillWorkerServicer):
             await done
             self.kv_transfer_seconds.observe(time.monotonic() - prompt_done)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
         except (KVTransferError, EngineStalledError, asyncio.CancelledError) as e:
             if isinstance(e, asyncio.CancelledError) and not done.cancelled():
                 raise  # this call was cancelled (the router went away)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"KV transfer: {e}") from e
         finally:
             self._queued_tokens -= len(ids)
             self._connector.cancel_job(rid)  # no-op once the transfer finished
