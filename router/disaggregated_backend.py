@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -159,6 +160,11 @@ class DisaggregatedBackend:
         rid = request.request_id
         acc = OutputAccumulator(rid, ids, request.prompt)
         migrations = Migrations(self._migration_limit, self.migration_stats)
+        # The workers' (and the ledger's) id for this request: the client's id plus a tag of
+        # its own, so that another request with the same id (a client's retry while this one
+        # is still let go of, or the same id through another router) never meets this one's
+        # calls, reservation or blocks there.
+        worker_base = f"{rid}.{secrets.token_hex(4)}"
         failure: WorkerFailure | None = None
         decoded_on: list[str] = []  # each attempt's decode worker
         try:
@@ -171,7 +177,9 @@ class DisaggregatedBackend:
                     if failure is not None and decoded_on and failure.worker_id != decoded_on[-1]
                     else None
                 )
-                attempt = self._attempt(request, ids, acc, migrations, failure, prefer, decoded_on)
+                attempt = self._attempt(
+                    request, worker_base, ids, acc, migrations, failure, prefer, decoded_on
+                )
                 try:
                     async with contextlib.aclosing(attempt):  # its calls end with this one
                         async for out in attempt:
@@ -202,6 +210,7 @@ class DisaggregatedBackend:
     async def _attempt(
         self,
         request: GenerateRequest,
+        worker_base: str,
         ids: list[int],
         acc: OutputAccumulator,
         migrations: Migrations,
@@ -211,14 +220,16 @@ class DisaggregatedBackend:
     ) -> AsyncGenerator[RequestOutput, None]:
         """One try at the request on one (decode, prefill) pair: from the start, or, after a
         ``failure``, from the tokens ``acc`` already streamed (the workers resume it). The
-        decode worker it opens is appended to ``decoded_on``."""
+        workers know it as ``worker_base`` (then ``<worker_base>.m<n>`` after n migrations).
+        The decode worker it opens is appended to ``decoded_on``."""
         rid = request.request_id
         if rid in self._aborted:  # aborted between two attempts
             raise RequestError(ErrorKind.UNAVAILABLE, "the request was aborted")
         done = list(acc.token_ids)
         context = [*ids, *done]
         resume = wpb.Resume(num_generated_tokens=len(done), emitted_text=acc.text) if done else None
-        worker_rid = rid if migrations.count == 0 else f"{rid}.m{migrations.count}"
+        n = migrations.count
+        worker_rid = worker_base if n == 0 else f"{worker_base}.m{n}"
         try:
             route = await self.cluster.route(worker_rid, context, prefer_decode)
             route, call, first = await self._open_decode(

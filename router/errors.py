@@ -44,6 +44,7 @@ class ErrorKind(enum.Enum):
     INVALID = "invalid_request_error"  # gRPC INVALID_ARGUMENT, HTTP 400
     TOO_LARGE = "request_too_large"  # HTTP 413 (body over the limit); gRPC has its own limit
     NOT_FOUND = "not_found_error"  # NOT_FOUND, 404 (unknown model)
+    CONFLICT = "conflict_error"  # ALREADY_EXISTS, 409 (a request id already in flight)
     BUSY = "server_busy"  # RESOURCE_EXHAUSTED, 429
     TIMEOUT = "timeout"  # DEADLINE_EXCEEDED, 504
     UNAVAILABLE = "service_unavailable"  # UNAVAILABLE, 503

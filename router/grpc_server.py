@@ -25,6 +25,7 @@ _STATUS = {
     ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,

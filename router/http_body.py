@@ -26,6 +26,7 @@ _HTTP_STATUS = {
     ErrorKind.INVALID: 400,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
     ErrorKind.BUSY: 429,
     ErrorKind.TIMEOUT: 504,
     ErrorKind.UNAVAILABLE: 503,

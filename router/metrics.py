@@ -32,12 +32,13 @@ from router.errors import ErrorKind, RequestError
 from router.migration import PHASES, REASONS, MigrationStats
 
 FINISH_REASONS = ("stop", "length", "abort", "timeout", "error")
-REJECT_REASONS = ("busy", "invalid", "not_found")
+REJECT_REASONS = ("busy", "invalid", "not_found", "conflict")
 _REJECT = {
     ErrorKind.BUSY: "busy",
     ErrorKind.INVALID: "invalid",
     ErrorKind.TOO_LARGE: "invalid",
     ErrorKind.NOT_FOUND: "not_found",
+    ErrorKind.CONFLICT: "conflict",
 }
 # Per-request token counts (prompt and output), 1 .. 128k.
 _TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
@@ -116,7 +117,8 @@ class RouterMetrics:
         rejected = Counter(
             "pdserve_request_rejected",
             "Requests refused before any token (busy = over --max-queue or no KV room, "
-            "invalid, not_found = unknown model), by reason.",
+            "invalid, not_found = unknown model, conflict = a request id already in flight), "
+            "by reason.",
             [*labels, "reason"],
             registry=self.registry,
         )

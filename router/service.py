@@ -70,6 +70,7 @@ class Router:
         self._drain_deadline: float | None = None  # event-loop time; set while draining
         self._grace_s = 0.0
         self._waits: set[asyncio.Timeout] = set()  # every stream's current wait for output
+        self._streaming: set[str] = set()  # request ids with a stream open (one each)
 
     async def run_tokenizer(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
@@ -282,10 +283,35 @@ class Router:
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the backend's outputs until the finished one.
 
-        Raises RequestError: TIMEOUT at the deadline, INVALID if the backend refuses the
+        Raises RequestError: CONFLICT (before anything starts) while another request with
+        the same id streams, TIMEOUT at the deadline, INVALID if the backend refuses the
         request, INTERNAL if the engine failed it, UNAVAILABLE when the backend cannot serve
-        it or the server drains past its grace. Leaving early aborts the request.
+        it or the server drains past its grace. Leaving early aborts the request; the id is
+        free again once the backend let go of it (its worker calls ended).
         """
+        rid = request.request_id
+        if rid in self._streaming:
+            # The backends key a request's calls, cancellation and worker ids by its id: two
+            # at once would cancel, clean up and free each other's.
+            conflict = RequestError(
+                ErrorKind.CONFLICT,
+                f"request_id {rid!r} is already in flight: give each request its own id "
+                "(or leave it empty for the router to make one)",
+                "request_id",
+            )
+            self.metrics.rejected(conflict)
+            raise conflict
+        self._streaming.add(rid)
+        try:
+            async with contextlib.aclosing(self._stream(request, deadline)) as outputs:
+                async for out in outputs:
+                    yield out
+        finally:
+            self._streaming.discard(rid)
+
+    async def _stream(
+        self, request: GenerateRequest, deadline: float | None
+    ) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         outputs = self.backend.generate(request)
         record = self.metrics.record(request)

@@ -60,7 +60,8 @@ class GenerationServiceServicer:
         has `finished`, the finish reason and usage. A gRPC deadline bounds the whole request
         (DEADLINE_EXCEEDED); cancelling the call aborts the request and frees its KV blocks.
         Errors: INVALID_ARGUMENT (bad input, message names the field), RESOURCE_EXHAUSTED
-        (admission queue full; trailer `retry-after-s`), NOT_FOUND (unknown model).
+        (admission queue full; trailer `retry-after-s`), NOT_FOUND (unknown model),
+        ALREADY_EXISTS (another request with the same request_id is still in flight).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

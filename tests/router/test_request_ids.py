@@ -1,0 +1,83 @@
+"""A client's request id over gRPC, in every mode: one request per id at a time (a second one
+while the first streams gets ALREADY_EXISTS naming the field, and the first is untouched), and
+the id is free again as soon as the first has ended, whether it finished or failed."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from protos.pdserve.v1 import generate_pb2 as pb
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
+from tests.router.server_harness import Server
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
+    with server.grpc_channel() as channel:
+        yield pb_grpc.GenerationServiceStub(channel)
+
+
+def _request(rid: str, max_tokens: int) -> pb.GenerateRequest:
+    params = pb.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return pb.GenerateRequest(
+        request_id=rid, token_ids=pb.TokenIds(ids=[5, 6, 7, 8]), sampling_params=params
+    )
+
+
+def _tokens(msgs: Iterator[pb.GenerateResponse]) -> list[int]:
+    return [t for m in msgs for t in m.token_ids]
+
+
+def _conflicts(server: Server) -> float:
+    text = server.get("/metrics", timeout=10).text
+    found = re.findall(r'^pdserve_request_rejected_total\{[^}]*reason="conflict"[^}]*\} (\S+)$',
+                       text, re.MULTILINE)  # fmt: skip
+    return sum(float(v) for v in found)
+
+
+def test_a_second_request_with_an_id_in_flight_is_refused_and_the_first_finishes(
+    server: Server, stub: pb_grpc.GenerationServiceStub
+) -> None:
+    expected = _tokens(stub.Generate(_request("reference", 1000), timeout=120))
+    assert len(expected) == 1000
+    before = _conflicts(server)
+    first = stub.Generate(_request("shared-id", 1000), timeout=120)
+    got = list(next(first).token_ids)  # the first streams: its id is in flight
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.Generate(_request("shared-id", 4), timeout=60))
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS, info.value
+    assert "request_id 'shared-id' is already in flight" in (info.value.details() or "")
+    got += _tokens(first)
+    assert got == expected  # untouched by the refused one: every token, in order
+    assert _conflicts(server) == before + 1
+    server.wait_pool_free()
+
+
+def test_an_id_is_free_again_once_its_request_ended(
+    server: Server, stub: pb_grpc.GenerationServiceStub
+) -> None:
+    expected = _tokens(stub.Generate(_request("again", 6), timeout=60))
+    for _ in range(3):
+        assert _tokens(stub.Generate(_request("again", 6), timeout=60)) == expected
+    # Cancelled by its client: the id is free once the cancel has reached the router and the
+    # request's calls have ended (a retry before that is told ALREADY_EXISTS).
+    long = stub.Generate(_request("again", 1000), timeout=60)
+    next(long)
+    long.cancel()
+    for _ in range(50):
+        try:
+            assert _tokens(stub.Generate(_request("again", 6), timeout=60)) == expected
+            break
+        except grpc.RpcError as e:  # the cancel had not reached the router yet
+            assert e.code() == grpc.StatusCode.ALREADY_EXISTS, e
+            time.sleep(0.1)
+    else:
+        pytest.fail("the id stayed in flight after its request was cancelled")
+    server.wait_pool_free()
