@@ -291,8 +291,8 @@ class Router:
         """
         rid = request.request_id
         if rid in self._streaming:
-            # The backends key a request's calls, cancellation and worker ids by its id: two
-            # at once would cancel, clean up and free each other's.
+            # The backends key a request's calls and aborts by its id (the colocated engine
+            # too): two at once would clean up each other's.
             conflict = RequestError(
                 ErrorKind.CONFLICT,
                 f"request_id {rid!r} is already in flight: give each request its own id "
