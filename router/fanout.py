@@ -56,11 +56,13 @@ async def stream_all(
 ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Every sequence's outputs, interleaved as they come, tagged with the sequence's index.
     The first failure (a ``RequestError``) cancels the rest and is raised; leaving early
-    aborts every sequence."""
+    aborts every sequence, before this generator's own close returns (each sequence's
+    request id is free again by then)."""
     if len(sequences) == 1:
         seq = sequences[0]
-        async for out in router.stream(seq.request, deadline):
-            yield seq.index, out
+        async with contextlib.aclosing(router.stream(seq.request, deadline)) as outputs:
+            async for out in outputs:
+                yield seq.index, out
         return
     queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
     tasks: list[asyncio.Task[None]] = []
@@ -79,12 +81,13 @@ async def stream_all(
     async def pump(seq: Sequence, lead: bool) -> None:
         first = True
         try:
-            async for out in router.stream(seq.request, deadline):
-                queue.put_nowait((seq.index, out, None))
-                if lead and first:
-                    for f in followers[seq.prompt_index]:
-                        start(f, False)
-                first = False
+            async with contextlib.aclosing(router.stream(seq.request, deadline)) as outputs:
+                async for out in outputs:
+                    queue.put_nowait((seq.index, out, None))
+                    if lead and first:
+                        for f in followers[seq.prompt_index]:
+                            start(f, False)
+                    first = False
             queue.put_nowait((seq.index, None, None))
         except asyncio.CancelledError:
             raise
