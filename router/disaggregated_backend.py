@@ -161,9 +161,9 @@ class DisaggregatedBackend:
         acc = OutputAccumulator(rid, ids, request.prompt)
         migrations = Migrations(self._migration_limit, self.migration_stats)
         # The workers' (and the ledger's) id for this request: the client's id plus a tag of
-        # its own, so that another request with the same id (a client's retry while this one
-        # is still let go of, or the same id through another router) never meets this one's
-        # calls, reservation or blocks there.
+        # its own, so that another request with the same id (a client's retry while the
+        # workers still clean this one up, or the same id through another router) never meets
+        # this one's calls, reservation or blocks there.
         worker_base = f"{rid}.{secrets.token_hex(4)}"
         failure: WorkerFailure | None = None
         decoded_on: list[str] = []  # each attempt's decode worker

@@ -36,8 +36,8 @@ _CALLS = itertools.count()
 def _prefill(target: str, endpoint: str) -> grpc.RpcError:
     """A ticket for ``endpoint`` with a token nobody issued: the call always fails; how it
     fails says whether the prefill worker would connect there. Each call has its own request
-    id: the worker's error status reaches the client before the failed call has let go of its
-    id, so an id used again at once can meet "already in flight"."""
+    id: the engine keeps a failed call's id until its transfer's abort has reached decode, so
+    an id used again at once can meet "already in use"."""
     request_id = f"forged-{next(_CALLS)}"
     ticket = kvpb.KVReservation(
         request_id=request_id, endpoint=endpoint, token=b"\x01" * 16, block_ids=[0], lease_s=5.0
