@@ -34,6 +34,7 @@ from router.admission import Admission, AdmissionRejected, Slot
 from router.backend import Backend, GenerateRequest
 from router.errors import ErrorKind, RequestError, invalid_argument, unknown_model
 from router.metrics import RouterMetrics
+from router.request_ids import InFlightIds
 from router.request_limits import RequestLimits
 
 T = TypeVar("T")
@@ -70,7 +71,7 @@ class Router:
         self._drain_deadline: float | None = None  # event-loop time; set while draining
         self._grace_s = 0.0
         self._waits: set[asyncio.Timeout] = set()  # every stream's current wait for output
-        self._streaming: set[str] = set()  # request ids with a stream open (one each)
+        self._ids = InFlightIds()  # the request ids with a stream open (one each)
 
     async def run_tokenizer(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
@@ -284,30 +285,27 @@ class Router:
         """Yield the backend's outputs until the finished one.
 
         Raises RequestError: CONFLICT (before anything starts) while another request with
-        the same id streams, TIMEOUT at the deadline, INVALID if the backend refuses the
-        request, INTERNAL if the engine failed it, UNAVAILABLE when the backend cannot serve
-        it or the server drains past its grace. Leaving early aborts the request; the id is
-        free again once the backend let go of it (its worker calls ended).
+        the same id streams (a stream already closing is waited for: request_ids.py),
+        TIMEOUT at the deadline, INVALID if the backend refuses the request, INTERNAL if the
+        engine failed it, UNAVAILABLE when the backend cannot serve it or the server drains
+        past its grace. Leaving early aborts the request; the id is free again once the
+        backend let go of it (its worker calls ended).
         """
         rid = request.request_id
-        if rid in self._streaming:
-            # The backends key a request's calls and aborts by its id (the colocated engine
-            # too): two at once would clean up each other's.
-            conflict = RequestError(
-                ErrorKind.CONFLICT,
-                f"request_id {rid!r} is already in flight: give each request its own id "
-                "(or leave it empty for the router to make one)",
-                "request_id",
-            )
+        try:
+            hold = await self._ids.acquire(rid, deadline)
+        except RequestError as conflict:
             self.metrics.rejected(conflict)
-            raise conflict
-        self._streaming.add(rid)
+            raise
         try:
             async with contextlib.aclosing(self._stream(request, deadline)) as outputs:
-                async for out in outputs:
-                    yield out
+                try:
+                    async for out in outputs:
+                        yield out
+                finally:
+                    hold.closing = True  # a retry with this id may wait for the clean-up
         finally:
-            self._streaming.discard(rid)
+            self._ids.release(rid, hold)
 
     async def _stream(
         self, request: GenerateRequest, deadline: float | None

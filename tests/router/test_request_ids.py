@@ -66,8 +66,9 @@ def test_an_id_is_free_again_once_its_request_ended(
     expected = _tokens(stub.Generate(_request("again", 6), timeout=60))
     for _ in range(3):
         assert _tokens(stub.Generate(_request("again", 6), timeout=60)) == expected
-    # Cancelled by its client: the id is free once the cancel has reached the router and the
-    # request's calls have ended (a retry before that is told ALREADY_EXISTS).
+    # Cancelled by its client: a retry that comes after the cancel reached the router waits
+    # for the request's calls to end and is served; only one that overtakes the cancel itself
+    # (the server has not seen it yet) is told ALREADY_EXISTS.
     long = stub.Generate(_request("again", 1000), timeout=60)
     next(long)
     long.cancel()

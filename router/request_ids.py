@@ -1,0 +1,74 @@
+"""The request ids the router has a stream open for: one stream per id at a time.
+
+The backends key a request's calls and aborts by its id (the colocated engine too), so two
+streams with one id would clean up each other's. A second request with an id in flight is
+refused with CONFLICT, unless the stream holding the id is already closing (its client
+cancelled or left, its deadline passed, it failed): then the new request waits, for at most
+``closing_wait_s``, for that stream's clean-up to let go of the id. A client that cancels and
+at once retries with the same id (an idempotency key, a retry after its own timeout) gets its
+retry served rather than refused because the cancel's clean-up was still under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+
+from router.errors import ErrorKind, RequestError
+
+CLOSING_WAIT_S = 10.0  # how long a request waits for a closing stream to free its id
+
+
+@dataclasses.dataclass
+class IdHold:
+    """One stream's hold on its id; the stream sets ``closing`` once it has stopped reading
+    outputs, before its clean-up."""
+
+    released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    closing: bool = False
+
+
+class InFlightIds:
+    def __init__(self, closing_wait_s: float = CLOSING_WAIT_S) -> None:
+        self.closing_wait_s = closing_wait_s
+        self._holds: dict[str, IdHold] = {}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._holds
+
+    async def acquire(self, request_id: str, deadline: float | None = None) -> IdHold:
+        """Hold ``request_id`` for a new stream; ``release`` lets go of it.
+
+        Raises RequestError CONFLICT while a stream that is not closing holds it, or when a
+        closing one has not let go of it within ``closing_wait_s`` (or by ``deadline``, an
+        event-loop time).
+        """
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.closing_wait_s
+        if deadline is not None:
+            until = min(until, deadline)
+        while (held := self._holds.get(request_id)) is not None:
+            remaining = until - loop.time()
+            if not held.closing or remaining <= 0:
+                raise _conflict(request_id)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await held.released.wait()
+        hold = IdHold()
+        self._holds[request_id] = hold
+        return hold
+
+    def release(self, request_id: str, hold: IdHold) -> None:
+        if self._holds.get(request_id) is hold:
+            del self._holds[request_id]
+        hold.released.set()
+
+
+def _conflict(request_id: str) -> RequestError:
+    return RequestError(
+        ErrorKind.CONFLICT,
+        f"request_id {request_id!r} is already in flight: give each request its own id "
+        "(or leave it empty for the router to make one)",
+        "request_id",
+    )
