@@ -1,7 +1,11 @@
 """The memory behind the block ids: the device KV pool and the host (swap) pool.
 
-Both use the block-major layout of ``engine.kv_cache_spec`` so a swap moves whole blocks with
-one indexed copy each way.
+Both use the block-major layout of ``engine.kv_cache_spec`` so a swap moves whole blocks: on a
+GPU one gather, one transfer and one scatter each way; on the CPU, where both pools are host
+memory, a direct copy of each run of consecutive blocks, with no staging buffer: a large
+swap's staging buffer is fresh memory that pays a first touch per page every time (64 blocks of
+SmolLM2-135M's shape, 47 MB, swapped out in ~25 ms staged against ~4 ms direct;
+``benchmarks/swap_copy.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class KVCache:
             self.pool_huge_page_bytes = 0
         if prefault and device.type == "cpu":
             self.pool.zero_()
+        # Left untouched until a swap writes it, on 4 KiB pages: a swap copies whole blocks in
+        # order, so huge pages buy it nothing, and on a VM their first touch is what costs
+        # (docs/benchmarks.md). A GPU's host pool is pinned, for full-speed transfers.
         pin = device.type == "cuda"
         self.host_pool = torch.empty(spec.pool_shape(num_host_blocks), dtype=dtype, pin_memory=pin)
         self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
@@ -63,6 +70,9 @@ class KVCache:
         """Copy ``(device block, host block)`` pairs device -> host."""
         if not pairs:
             return
+        if self.device.type == "cpu":
+            _copy_runs(self.pool, self.host_pool, pairs)
+            return
         dev = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=self.device)
         host = torch.tensor([p[1] for p in pairs], dtype=torch.long)
         self.host_pool.index_copy_(0, host, self.pool.index_select(0, dev).to("cpu"))
@@ -71,6 +81,9 @@ class KVCache:
         """Copy ``(host block, device block)`` pairs host -> device."""
         if not pairs:
             return
+        if self.device.type == "cpu":
+            _copy_runs(self.host_pool, self.pool, pairs)
+            return
         host = torch.tensor([p[0] for p in pairs], dtype=torch.long)
         dev = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=self.device)
         self.pool.index_copy_(0, dev, self.host_pool.index_select(0, host).to(self.device))
@@ -78,3 +91,15 @@ class KVCache:
     @staticmethod
     def blocks_for_bytes(spec: KVCacheSpec, num_bytes: int) -> int:
         return max(0, num_bytes // spec.bytes_per_block)
+
+
+def _copy_runs(src: torch.Tensor, dst: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> None:
+    """``dst[d] = src[s]`` for each ``(s, d)`` pair, one slice copy per run of pairs whose
+    source and destination ids both go up by one (a victim's blocks often do)."""
+    start = 0
+    for i in range(1, len(pairs) + 1):
+        if i < len(pairs) and pairs[i] == (pairs[i - 1][0] + 1, pairs[i - 1][1] + 1):
+            continue
+        (s, d), n = pairs[start], i - start
+        dst[d : d + n].copy_(src[s : s + n])
+        start = i
