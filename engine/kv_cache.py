@@ -4,7 +4,7 @@ Both use the block-major layout of ``engine.kv_cache_spec`` so a swap moves whol
 GPU one gather, one transfer and one scatter each way; on the CPU, where both pools are host
 memory, a direct copy of each run of consecutive blocks, with no staging buffer: a large
 swap's staging buffer is fresh memory that pays a first touch per page every time (64 blocks of
-SmolLM2-135M's shape, 47 MB, swapped out in ~25 ms staged against ~4 ms direct;
+SmolLM2-135M's shape, 47 MB, swapped out in 18-20 ms staged against 4-5 ms direct;
 ``benchmarks/swap_copy.py``).
 """
 
