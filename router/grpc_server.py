@@ -17,6 +17,7 @@ from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.errors import ErrorKind, RequestError, invalid_argument
 from router.fanout import best_of, expand, stream_all
+from router.request_ids import check_request_id
 from router.service import Router
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
@@ -105,6 +106,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     "n" if n < 1 else "best_of",
                 )
             router.check_fanout(1, n, runs)
+            if request.request_id:
+                check_request_id(request.request_id)
             greq = await router.prepare(
                 params,
                 prompt=prompt if kind is not None else None,

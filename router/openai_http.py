@@ -29,6 +29,7 @@ from router.openai_format import ChatFormatter, CompletionFormatter, Formatter
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_schemas import OPERATIONS
 from router.openapi_doc import install_openapi
+from router.request_ids import check_request_id
 from router.service import Router
 from router.sse import SSEResponse, wait_for_disconnect
 from router.tokenize_api import add_tokenize_routes
@@ -92,7 +93,7 @@ def build_app(router: Router) -> FastAPI:
             except ValueError as e:
                 raise invalid_argument(e) from None
             router.check_fanout(len(prompts), body.n, body.best_of)
-            base = router.new_request_id("cmpl")
+            base = _request_id(request, router, "cmpl")
             prepared = [
                 await router.prepare(params, prompt=p, priority=body.priority, request_id=base)
                 for p in prompts
@@ -121,7 +122,7 @@ def build_app(router: Router) -> FastAPI:
             except ValueError as e:
                 raise invalid_argument(e) from None
             router.check_fanout(1, body.n, body.best_of)
-            base = router.new_request_id("chatcmpl")
+            base = _request_id(request, router, "chatcmpl")
             messages = [m.as_template_input() for m in body.messages]
             prepared = [
                 await router.prepare(
@@ -143,6 +144,16 @@ def build_app(router: Router) -> FastAPI:
     add_tokenize_routes(app, router)
     install_openapi(app, OPERATIONS)
     return app
+
+
+def _request_id(request: Request, router: Router, prefix: str) -> str:
+    """``<prefix>-<X-Request-Id>`` when the client sent that header (request_id_http.py), else
+    a fresh id. Raises RequestError(INVALID) naming the header when it is not a valid id."""
+    client = request.headers.get("x-request-id")
+    if client is None:
+        return router.new_request_id(prefix)
+    check_request_id(client, "X-Request-Id")
+    return f"{prefix}-{client}"
 
 
 async def _respond(

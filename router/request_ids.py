@@ -1,4 +1,5 @@
-"""The request ids the router has a stream open for: one stream per id at a time.
+"""Request ids: what a client's may be, and the ids the router has a stream open for (one
+stream per id at a time).
 
 The backends key a request's calls and aborts by its id (the colocated engine too), so two
 streams with one id would clean up each other's. A second request with an id in flight is
@@ -18,6 +19,27 @@ import dataclasses
 from router.errors import ErrorKind, RequestError
 
 CLOSING_WAIT_S = 10.0  # how long a request waits for a closing stream to free its id
+MAX_REQUEST_ID_CHARS = 256  # a UUID is 36, an idempotency key (Stripe's) at most 255
+
+
+def check_request_id(request_id: str, field: str = "request_id") -> None:
+    """A client's request id: at most ``MAX_REQUEST_ID_CHARS`` printable characters (it names
+    the request in logs, the cluster's ledger and the KV transfer's frames). Raises
+    RequestError(INVALID) naming ``field``."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise RequestError(
+            ErrorKind.INVALID,
+            f"{field} is {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}",
+            field,
+        )
+    if not request_id.isprintable():
+        bad = next(c for c in request_id if not c.isprintable())
+        raise RequestError(
+            ErrorKind.INVALID,
+            f"{field} must be printable characters (no control characters or line breaks); "
+            f"it holds {bad!r}",
+            field,
+        )
 
 
 @dataclasses.dataclass

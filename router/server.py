@@ -17,6 +17,7 @@ from router.backend import Backend
 from router.grpc_server import GrpcServer
 from router.metrics import RouterMetrics
 from router.openai_http import build_app
+from router.request_id_http import RequestIdHeader
 from router.security import RouterGuard, RouterSecurity
 from router.service import Router
 
@@ -88,7 +89,7 @@ async def serve_router(
     http_port = sock.getsockname()[1]
     http = _Uvicorn(
         uvicorn.Config(
-            guard.wrap_http(build_app(router)),
+            guard.wrap_http(RequestIdHeader(build_app(router))),
             log_level="warning",
             lifespan="off",
             # Drained before uvicorn is told to stop: what is left are idle connections.

@@ -1,6 +1,7 @@
-"""router/request_ids.py: one stream per request id; a request whose id is held by a stream
-that is closing waits for that stream's clean-up instead of being refused (a client's retry
-right after its cancel), and is refused when the holder is live or does not let go in time."""
+"""router/request_ids.py: what a client's request id may be; one stream per request id; a
+request whose id is held by a stream that is closing waits for that stream's clean-up instead of
+being refused (a client's retry right after its cancel), and is refused when the holder is live
+or does not let go in time."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import pytest
 
 from router.errors import ErrorKind, RequestError
-from router.request_ids import InFlightIds
+from router.request_ids import MAX_REQUEST_ID_CHARS, InFlightIds, check_request_id
 
 
 def _refused(e: pytest.ExceptionInfo[RequestError]) -> None:
@@ -89,3 +90,21 @@ def test_a_closing_holder_that_does_not_let_go_in_time_refuses(bound: str) -> No
         ids.release("r", hold)
 
     asyncio.run(main())
+
+
+def test_request_ids_are_bounded_and_printable() -> None:
+    for good in ("r", "chatcmpl-0f3a", "é✓ with spaces", "k" * MAX_REQUEST_ID_CHARS):
+        check_request_id(good)
+    for bad, message in [
+        ("k" * (MAX_REQUEST_ID_CHARS + 1), "request_id is 257 characters; at most 256"),
+        ("tab\there", "it holds '\\t'"),
+        ("cr\r", "it holds '\\r'"),
+        ("zero\u200bwidth", "it holds '\\u200b'"),
+    ]:
+        with pytest.raises(RequestError) as e:
+            check_request_id(bad)
+        assert e.value.kind == ErrorKind.INVALID and e.value.param == "request_id"
+        assert message in str(e.value), str(e.value)
+    with pytest.raises(RequestError) as e:
+        check_request_id("\n", "X-Request-Id")
+    assert e.value.param == "X-Request-Id" and "X-Request-Id must be printable" in str(e.value)

@@ -1,6 +1,7 @@
 """A client's request id over gRPC, in every mode: one request per id at a time (a second one
-while the first streams gets ALREADY_EXISTS naming the field, and the first is untouched), and
-the id is free again as soon as the first has ended, whether it finished or failed."""
+while the first streams gets ALREADY_EXISTS naming the field, and the first is untouched), the
+id is free again as soon as the first has ended, whether it finished or failed, and an id too
+long or with control characters is refused naming the field."""
 
 from __future__ import annotations
 
@@ -81,4 +82,26 @@ def test_an_id_is_free_again_once_its_request_ended(
             time.sleep(0.1)
     else:
         pytest.fail("the id stayed in flight after its request was cancelled")
+    server.wait_pool_free()
+
+
+@pytest.mark.parametrize(
+    ("rid", "message"),
+    [
+        ("x" * 257, "request_id is 257 characters; at most 256"),
+        ("y" * 2_000_000, "request_id is 2000000 characters; at most 256"),
+        ("line\nbreak", "request_id must be printable characters"),
+        ("nul\x00", "request_id must be printable characters"),
+    ],
+    ids=["257 chars", "2M chars", "newline", "nul"],
+)
+def test_a_bad_request_id_is_refused_naming_it(
+    server: Server, stub: pb_grpc.GenerationServiceStub, rid: str, message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.Generate(_request(rid, 4), timeout=60))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert message in (info.value.details() or "")
+    # the longest id allowed, printable beyond ASCII, still serves
+    assert len(_tokens(stub.Generate(_request("é✓ " + "z" * 253, 4), timeout=60))) == 4
     server.wait_pool_free()

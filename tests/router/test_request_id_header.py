@@ -1,0 +1,66 @@
+"""``X-Request-Id`` over HTTP, in every mode: the client's id becomes the request's id (the
+response's ``id``, streamed or not) and comes back as a response header; an invalid one is
+refused with 400 naming the header; without it the router makes an id and sends no header."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.router.server_harness import Server
+
+pytestmark = pytest.mark.timeout(300)
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+COMPLETION = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 3}
+
+
+def test_the_client_id_is_the_request_id_and_comes_back(server: Server) -> None:
+    r = server.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "trace-7f3a"})
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "chatcmpl-trace-7f3a"
+    assert r.headers["x-request-id"] == "trace-7f3a"
+
+    r = server.post("/v1/completions", json=COMPLETION, headers={"X-Request-Id": "batch-42/req 7"})
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "cmpl-batch-42/req 7"
+    assert r.headers["x-request-id"] == "batch-42/req 7"
+
+    with server.http(timeout=60) as client:
+        with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"X-Request-Id": "trace-stream"},
+        ) as s:
+            assert s.status_code == 200
+            assert s.headers["x-request-id"] == "trace-stream"
+            chunks = [
+                json.loads(line[len("data: ") :])
+                for line in s.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            ]
+    assert chunks and {c["id"] for c in chunks} == {"chatcmpl-trace-stream"}
+    server.wait_pool_free()
+
+
+def test_without_the_header_the_router_makes_the_id(server: Server) -> None:
+    r = server.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"].startswith("chatcmpl-") and "x-request-id" not in r.headers
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("x" * 257, "X-Request-Id is 257 characters; at most 256"), ("tab\there", "printable")],
+    ids=["too long", "tab"],
+)
+def test_an_invalid_header_is_refused_naming_it(server: Server, value: str, message: str) -> None:
+    r = server.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": value})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "X-Request-Id" and message in error["message"], error
+    assert "x-request-id" not in r.headers
+    assert server.post("/v1/chat/completions", json=CHAT).status_code == 200  # still serving
+    server.wait_pool_free()
