@@ -26,6 +26,7 @@ class GenerateRequest:
     prompt_token_ids: Sequence[int] | None = None
     priority: int = 0  # lower is served first
     arrival_time: float = field(default_factory=time.monotonic)  # at the router (metrics)
+    id_field: str = "request_id"  # where the client gave the id (its errors name it)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from router.openai_format import ChatFormatter, CompletionFormatter, Formatter
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.openai_schemas import OPERATIONS
 from router.openapi_doc import install_openapi
+from router.request_id_http import ID_HEADER
 from router.request_ids import check_request_id
 from router.service import Router
 from router.sse import SSEResponse, wait_for_disconnect
@@ -93,9 +94,11 @@ def build_app(router: Router) -> FastAPI:
             except ValueError as e:
                 raise invalid_argument(e) from None
             router.check_fanout(len(prompts), body.n, body.best_of)
-            base = _request_id(request, router, "cmpl")
+            base, id_field = _request_id(request, router, "cmpl")
             prepared = [
-                await router.prepare(params, prompt=p, priority=body.priority, request_id=base)
+                await router.prepare(
+                    params, prompt=p, priority=body.priority, request_id=base, id_field=id_field
+                )
                 for p in prompts
             ]
             echo = None
@@ -122,7 +125,7 @@ def build_app(router: Router) -> FastAPI:
             except ValueError as e:
                 raise invalid_argument(e) from None
             router.check_fanout(1, body.n, body.best_of)
-            base = _request_id(request, router, "chatcmpl")
+            base, id_field = _request_id(request, router, "chatcmpl")
             messages = [m.as_template_input() for m in body.messages]
             prepared = [
                 await router.prepare(
@@ -131,6 +134,7 @@ def build_app(router: Router) -> FastAPI:
                     tools=body.template_tools() if tool_mode != "none" else None,
                     priority=body.priority,
                     request_id=base,
+                    id_field=id_field,
                 )
             ]
             slot = router.admit()
@@ -146,14 +150,15 @@ def build_app(router: Router) -> FastAPI:
     return app
 
 
-def _request_id(request: Request, router: Router, prefix: str) -> str:
-    """``<prefix>-<X-Request-Id>`` when the client sent that header (request_id_http.py), else
-    a fresh id. Raises RequestError(INVALID) naming the header when it is not a valid id."""
+def _request_id(request: Request, router: Router, prefix: str) -> tuple[str, str]:
+    """The request's id and the field it came from: ``<prefix>-<X-Request-Id>`` when the
+    client sent that header (request_id_http.py), else a fresh id. Raises
+    RequestError(INVALID) naming the header when it is not a valid id."""
     client = request.headers.get("x-request-id")
     if client is None:
-        return router.new_request_id(prefix)
-    check_request_id(client, "X-Request-Id")
-    return f"{prefix}-{client}"
+        return router.new_request_id(prefix), "request_id"
+    check_request_id(client, ID_HEADER)
+    return f"{prefix}-{client}", ID_HEADER
 
 
 async def _respond(

@@ -16,6 +16,7 @@ from router.errors import RequestError
 from router.request_ids import check_request_id
 
 HEADER = b"x-request-id"
+ID_HEADER = "X-Request-Id"  # as errors name it
 
 
 class RequestIdHeader:
@@ -43,7 +44,7 @@ def _valid_header(scope: dict[str, Any]) -> bytes | None:
     for name, value in scope.get("headers", ()):
         if name == HEADER:
             try:
-                check_request_id(value.decode("latin-1"), "X-Request-Id")
+                check_request_id(value.decode("latin-1"), ID_HEADER)
             except RequestError:
                 return None
             return bytes(value)

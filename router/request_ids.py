@@ -59,12 +59,14 @@ class InFlightIds:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._holds
 
-    async def acquire(self, request_id: str, deadline: float | None = None) -> IdHold:
+    async def acquire(
+        self, request_id: str, deadline: float | None = None, field: str = "request_id"
+    ) -> IdHold:
         """Hold ``request_id`` for a new stream; ``release`` lets go of it.
 
-        Raises RequestError CONFLICT while a stream that is not closing holds it, or when a
-        closing one has not let go of it within ``closing_wait_s`` (or by ``deadline``, an
-        event-loop time).
+        Raises RequestError CONFLICT, naming ``field`` (where the client gave the id), while a
+        stream that is not closing holds it, or when a closing one has not let go of it within
+        ``closing_wait_s`` (or by ``deadline``, an event-loop time).
         """
         loop = asyncio.get_running_loop()
         until = loop.time() + self.closing_wait_s
@@ -73,7 +75,7 @@ class InFlightIds:
         while (held := self._holds.get(request_id)) is not None:
             remaining = until - loop.time()
             if not held.closing or remaining <= 0:
-                raise _conflict(request_id)
+                raise _conflict(request_id, field)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
                     await held.released.wait()
@@ -87,10 +89,11 @@ class InFlightIds:
         hold.released.set()
 
 
-def _conflict(request_id: str) -> RequestError:
+def _conflict(request_id: str, field: str) -> RequestError:
+    how = "leave it empty" if field == "request_id" else "leave it out"
     return RequestError(
         ErrorKind.CONFLICT,
-        f"request_id {request_id!r} is already in flight: give each request its own id "
-        "(or leave it empty for the router to make one)",
-        "request_id",
+        f"{field}: request {request_id!r} is already in flight: give each request its own "
+        f"id (or {how} for the router to make one)",
+        field,
     )

@@ -167,6 +167,7 @@ class Router:
         request_id: str | None = None,
         id_prefix: str = "req",
         tools: list[dict[str, Any]] | None = None,
+        id_field: str = "request_id",
     ) -> GenerateRequest:
         """Tokenize the prompt (text, token ids or chat messages) and check it fits the model.
 
@@ -223,6 +224,7 @@ class Router:
             prompt_token_ids=ids,
             priority=priority,
             arrival_time=arrival_time,
+            id_field=id_field,
         )
 
     def check_params(self, params: SamplingParams) -> None:
@@ -293,7 +295,7 @@ class Router:
         """
         rid = request.request_id
         try:
-            hold = await self._ids.acquire(rid, deadline)
+            hold = await self._ids.acquire(rid, deadline, request.id_field)
         except RequestError as conflict:
             self.metrics.rejected(conflict)
             raise

@@ -64,3 +64,22 @@ def test_an_invalid_header_is_refused_naming_it(server: Server, value: str, mess
     assert "x-request-id" not in r.headers
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200  # still serving
     server.wait_pool_free()
+
+
+def test_a_header_id_in_flight_is_refused_naming_the_header(server: Server) -> None:
+    long = {**CHAT, "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with server.http(timeout=120) as client:
+        with client.stream(
+            "POST", "/v1/chat/completions", json=long, headers={"X-Request-Id": "dup"}
+        ) as first:
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it streams
+            r = server.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "dup"})
+            assert r.status_code == 409, r.text
+            error = r.json()["error"]
+            assert error["param"] == "X-Request-Id", error
+            assert "X-Request-Id: request 'chatcmpl-dup' is already in flight" in error["message"]
+            assert "leave it out" in error["message"]
+            rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"  # the first is untouched
+    server.wait_pool_free()

@@ -16,7 +16,7 @@ from router.request_ids import MAX_REQUEST_ID_CHARS, InFlightIds, check_request_
 def _refused(e: pytest.ExceptionInfo[RequestError]) -> None:
     assert e.value.kind == ErrorKind.CONFLICT
     assert e.value.param == "request_id"
-    assert "request_id 'r' is already in flight" in str(e.value)
+    assert "request_id: request 'r' is already in flight" in str(e.value)
 
 
 def test_a_live_holder_refuses_at_once_and_a_released_id_is_free() -> None:

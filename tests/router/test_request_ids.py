@@ -54,7 +54,7 @@ def test_a_second_request_with_an_id_in_flight_is_refused_and_the_first_finishes
     with pytest.raises(grpc.RpcError) as info:
         list(stub.Generate(_request("shared-id", 4), timeout=60))
     assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS, info.value
-    assert "request_id 'shared-id' is already in flight" in (info.value.details() or "")
+    assert "request_id: request 'shared-id' is already in flight" in (info.value.details() or "")
     got += _tokens(first)
     assert got == expected  # untouched by the refused one: every token, in order
     assert _conflicts(server) == before + 1
