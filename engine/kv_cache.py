@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.huge_pages import HUGE_PAGES_ENV, huge_page_aligned
-from engine.kv_cache_spec import KVCacheSpec
+from engine.kv_cache_spec import KVCacheSpec, segment_runs
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -94,12 +94,10 @@ class KVCache:
 
 
 def _copy_runs(src: torch.Tensor, dst: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> None:
-    """``dst[d] = src[s]`` for each ``(s, d)`` pair, one slice copy per run of pairs whose
-    source and destination ids both go up by one (a victim's blocks often do)."""
+    """``dst[d] = src[s]`` for each ``(s, d)`` pair, one slice copy per run of blocks that are
+    consecutive in both pools (a victim's blocks often are)."""
     start = 0
-    for i in range(1, len(pairs) + 1):
-        if i < len(pairs) and pairs[i] == (pairs[i - 1][0] + 1, pairs[i - 1][1] + 1):
-            continue
-        (s, d), n = pairs[start], i - start
+    for n in segment_runs([s for s, _ in pairs], [d for _, d in pairs]):
+        s, d = pairs[start]
         dst[d : d + n].copy_(src[s : s + n])
-        start = i
+        start += n

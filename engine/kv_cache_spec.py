@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 KV_LAYOUT = "block_major_v1"
@@ -74,3 +75,23 @@ class KVCacheSpec:
         """A short stable digest of the spec and the layout; equal iff blocks are exchangeable."""
         payload = json.dumps({**asdict(self), "layout": KV_LAYOUT}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def segment_runs(src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> list[int]:
+    """Split a copy of blocks between two pools (a KV push, a swap) into runs of blocks that
+    are consecutive in *both* pools; returns the run lengths. Each run is one contiguous span
+    on either side (one message on UCX, one slice copy in a swap).
+
+        src  7 8 9 3 4      dst  20 21 5 6 7   ->  [2, 1, 2]
+    """
+    runs: list[int] = []
+    for k in range(len(src_block_ids)):
+        if (
+            k > 0
+            and src_block_ids[k] == src_block_ids[k - 1] + 1
+            and dst_block_ids[k] == dst_block_ids[k - 1] + 1
+        ):
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return runs

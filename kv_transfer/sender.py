@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine.kv_cache_spec import KVCacheSpec
+from engine.kv_cache_spec import KVCacheSpec, segment_runs
 from kv_transfer.compatibility import compatibility_of
 from kv_transfer.errors import (
     KVTransferError,
@@ -37,7 +37,7 @@ from kv_transfer.peers import PeerGate
 from kv_transfer.pool import PoolBuffer
 from kv_transfer.ticket import ReservationTicket
 from kv_transfer.transport import Channel, Connector
-from kv_transfer.wire import segment_runs, status_name
+from kv_transfer.wire import status_name
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ each: exactly the pool's own bytes, so a receiver reads them straight into its p
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
@@ -27,25 +26,6 @@ def encode_frame(frame: pb.KVFrame) -> bytes:
     if len(header) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
     return HEADER_PREFIX.pack(len(header)) + header
-
-
-def segment_runs(src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> list[int]:
-    """Split a push into runs of blocks that are consecutive in *both* pools; returns the run
-    lengths. Each run is one contiguous span on either side (one message on UCX).
-
-        src  7 8 9 3 4      dst  20 21 5 6 7   ->  [2, 1, 2]
-    """
-    runs: list[int] = []
-    for k in range(len(src_block_ids)):
-        if (
-            k > 0
-            and src_block_ids[k] == src_block_ids[k - 1] + 1
-            and dst_block_ids[k] == dst_block_ids[k - 1] + 1
-        ):
-            runs[-1] += 1
-        else:
-            runs.append(1)
-    return runs
 
 
 def status_name(status: int) -> str:

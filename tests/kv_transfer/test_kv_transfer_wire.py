@@ -12,11 +12,12 @@ import pytest
 from kv_harness import SPEC, DecodeState
 
 from engine.block_hash import hash_block_tokens
+from engine.kv_cache_spec import segment_runs
 from kv_transfer import KVTransferError, ReservationTicket, resolve_transport
 from kv_transfer.compatibility import PROTOCOL_VERSION, compatibility_of, incompatibility
 from kv_transfer.tcp import TcpReceiver, _read_frame, parse_endpoint
 from kv_transfer.tcp_stream import SocketStream
-from kv_transfer.wire import encode_frame, segment_runs
+from kv_transfer.wire import encode_frame
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
 

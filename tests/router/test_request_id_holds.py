@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from router.errors import ErrorKind, RequestError
-from router.request_ids import MAX_REQUEST_ID_CHARS, InFlightIds, check_request_id
+from router.request_ids import MAX_REQUEST_ID_CHARS, IdHold, InFlightIds, check_request_id
 
 
 def _refused(e: pytest.ExceptionInfo[RequestError]) -> None:
@@ -39,11 +39,17 @@ def test_a_live_holder_refuses_at_once_and_a_released_id_is_free() -> None:
     asyncio.run(main())
 
 
+async def _closing_holder(closing_wait_s: float) -> tuple[InFlightIds, IdHold]:
+    """Ids where "r" is held by a stream that is closing (its clean-up under way)."""
+    ids = InFlightIds(closing_wait_s=closing_wait_s)
+    hold = await ids.acquire("r")
+    hold.closing = True
+    return ids, hold
+
+
 def test_a_retry_waits_for_a_closing_holder_and_gets_the_id() -> None:
     async def main() -> None:
-        ids = InFlightIds(closing_wait_s=30)
-        hold = await ids.acquire("r")
-        hold.closing = True
+        ids, hold = await _closing_holder(closing_wait_s=30)
         retry = asyncio.create_task(ids.acquire("r"))
         await asyncio.sleep(0.2)
         assert not retry.done()  # waiting for the clean-up, not refused
@@ -57,9 +63,7 @@ def test_a_retry_waits_for_a_closing_holder_and_gets_the_id() -> None:
 
 def test_only_one_of_two_waiting_retries_gets_the_id() -> None:
     async def main() -> None:
-        ids = InFlightIds(closing_wait_s=30)
-        hold = await ids.acquire("r")
-        hold.closing = True
+        ids, hold = await _closing_holder(closing_wait_s=30)
         retries = [asyncio.create_task(ids.acquire("r")) for _ in range(2)]
         await asyncio.sleep(0.1)
         ids.release("r", hold)
@@ -77,9 +81,7 @@ def test_only_one_of_two_waiting_retries_gets_the_id() -> None:
 def test_a_closing_holder_that_does_not_let_go_in_time_refuses(bound: str) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        ids = InFlightIds(closing_wait_s=0.3 if bound == "closing_wait_s" else 30)
-        hold = await ids.acquire("r")
-        hold.closing = True
+        ids, hold = await _closing_holder(closing_wait_s=0.3 if bound == "closing_wait_s" else 30)
         started = loop.time()
         deadline = started + 0.3 if bound == "deadline" else None
         with pytest.raises(RequestError) as e:
