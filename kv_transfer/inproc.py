@@ -70,7 +70,8 @@ class InprocReceiver(ReceiverBase):
 
 
 def _copy(sources: Sequence[np.ndarray], destinations: Sequence[np.ndarray]) -> None:
-    # Sender segments and receiver spans cut the same bytes at the same places (engine.kv_cache_spec.segment_runs).
+    # Sender segments and receiver spans cut the same bytes at the same places
+    # (engine.kv_cache_spec.segment_runs).
     if len(sources) != len(destinations):
         raise ValueError("payload segments do not match the push")
     for src, dst in zip(sources, destinations, strict=True):
