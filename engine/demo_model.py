@@ -121,12 +121,17 @@ def make_random_model(
     sliding_window: int | None = None,
     seed: int = 0,
     tokenizer_folder: str | Path | None = None,
+    checkpoint_dtype: str = "float32",
 ) -> Path:
-    """Write a random-weight model folder (fp32 safetensors) with a trained tokenizer.
+    """Write a random-weight model folder (safetensors) with a trained tokenizer.
 
     ``architecture``: ``llama``, ``mistral``, ``qwen2`` (q/k/v bias) or ``qwen3`` (q/k norm).
     ``tokenizer_folder``: copy its tokenizer instead of training one.
+    ``checkpoint_dtype``: the stored weights' dtype, ``float32`` or ``bfloat16`` (as most
+    published checkpoints are: loaded in float32, every value is then bf16-exact).
     """
+    if checkpoint_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"checkpoint_dtype {checkpoint_dtype!r}: float32 or bfloat16")
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     folder = Path(folder)
@@ -182,13 +187,16 @@ def make_random_model(
         raise ValueError("sliding_window is only supported for mistral here")
     config = cls(**common)
     config.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
-    config.dtype = "float32"
+    config.dtype = checkpoint_dtype
     config.save_pretrained(str(folder))
 
+    import torch
     from safetensors.torch import save_file
 
+    weights = _random_weights(architecture, common, seed)
+    dtype = getattr(torch, checkpoint_dtype)
     save_file(
-        _random_weights(architecture, common, seed),
+        {name: w.to(dtype) for name, w in weights.items()},
         str(folder / "model.safetensors"),
         metadata={"format": "pt"},
     )

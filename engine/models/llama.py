@@ -28,7 +28,7 @@ from engine.models.layers import (
     RotaryEmbedding,
     StepRotary,
 )
-from engine.packed_weights import empty_packed_weights, pack_into
+from engine.packed_weights import bf16_panels, empty_packed_weights, pack_into
 
 # PDSERVE_FUSED_LAYERS=0 keeps the per-kernel Python layer on the CPU kernels (to profile the
 # kernels one by one, or to compare).
@@ -169,10 +169,12 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_tokens.weight.dtype != torch.float32:
             return
         # Every packed weight in one buffer on huge pages, in the order a step reads them; each
-        # unpacked weight is released as soon as its packed copy is in.
+        # unpacked weight is released as soon as its packed copy is in. A weight bf16 holds
+        # exactly is packed as bf16: half the stream, the same bits (engine.packed_weights).
         linears = {n: m for n, m in self.named_modules() if isinstance(m, nn.Linear)}
         shapes = [(m.out_features, m.in_features) for m in linears.values()]
-        views = empty_packed_weights(shapes, kernels)
+        bf16 = bf16_panels([m.weight for m in linears.values()])
+        views = empty_packed_weights(shapes, kernels, bf16)
         for name, view in zip(list(linears), views, strict=True):
             linear = linears.pop(name)
             parent, _, attr = name.rpartition(".")

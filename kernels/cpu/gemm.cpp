@@ -4,10 +4,18 @@
 //
 // so a panel is one contiguous stream of K x NB floats. The micro-kernel keeps an MR x NB block
 // of y in registers and, for every k, multiplies one broadcast x value per row with the
-// panel's two vectors. Threads own contiguous ranges of panels: at decode sizes (a few dozen
+// panel's two vectors.
+//
+// A weight whose every value bf16 holds exactly (a bf16 checkpoint loaded in float32, as most
+// published checkpoints are) can instead be packed as its values' upper 16 bits, half the bytes
+// (pack_linear_weight_bf16): a panel row is then one vector of NB bf16, columns c and W + c
+// sharing lane c (c in the low half, W + c in the high), and the micro-kernel turns it back into
+// the two float vectors with a shift and a mask. Those floats are the weight's own values, so
+// every product and sum is the float32 kernel's: the same bits, from half the stream. Threads own contiguous ranges of panels: at decode sizes (a few dozen
 // rows) every weight byte is read from memory exactly once per call, which is what bounds a
 // decode step; at prefill sizes the same loop nest, blocked over rows and K, runs from cache.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -28,8 +36,20 @@ constexpr int kTileRows = 2 * MR;               // calls of at most this many ro
 // y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
 // of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
 // `pf_lines` cache lines from `pf` (one per k: spread over the arithmetic).
-template <int R>
-void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float* y,
+// One panel row (NB columns at one k) as two float vectors: from float32 panels, or from bf16
+// panels as laid out above (the shifted and masked halves are exactly the weight's values).
+inline void load_row(const float* p, vf& w0, vf& w1) {
+  w0 = load(p);
+  w1 = load(p + W);
+}
+inline void load_row(const uint16_t* p, vf& w0, vf& w1) {
+  const vu v = load_u32(p);
+  w0 = reinterpret_cast<vf>(v << 16);
+  w1 = reinterpret_cast<vf>(v & (vu{} + 0xFFFF0000u));
+}
+
+template <int R, typename Wt>
+void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y,
                   int64_t ldy, int nvalid, bool init, const float* bias, const char* pf,
                   int pf_lines) {
   vf c0[R], c1[R];
@@ -56,8 +76,8 @@ void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float
   }
   for (int k = 0; k < kc; ++k) {
     if (k < pf_lines) prefetch_l2(pf + k * 64);
-    const vf w0 = load(panel + k * NB);
-    const vf w1 = load(panel + k * NB + W);
+    vf w0, w1;
+    load_row(panel + k * NB, w0, w1);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const vf xv = splat(x[r * ldx + k]);
@@ -78,21 +98,23 @@ void micro_kernel(const float* x, int64_t ldx, const float* panel, int kc, float
   }
 }
 
-using MicroKernel = void (*)(const float*, int64_t, const float*, int, float*, int64_t, int, bool,
+template <typename Wt>
+using MicroKernel = void (*)(const float*, int64_t, const Wt*, int, float*, int64_t, int, bool,
                              const float*, const char*, int);
 
-template <int... Rs>
+template <typename Wt, int... Rs>
 struct KernelTable {
-  static constexpr MicroKernel table[] = {nullptr, &micro_kernel<Rs>...};
+  static constexpr MicroKernel<Wt> table[] = {nullptr, &micro_kernel<Rs, Wt>...};
 };
 
-template <int... Is>
+template <typename Wt, int... Is>
 constexpr auto make_table(std::integer_sequence<int, Is...>) {
-  return KernelTable<(Is + 1)...>{};
+  return KernelTable<Wt, (Is + 1)...>{};
 }
 
-const MicroKernel* kernels_by_rows() {
-  static constexpr auto t = make_table(std::make_integer_sequence<int, MR>{});
+template <typename Wt>
+const MicroKernel<Wt>* kernels_by_rows() {
+  static constexpr auto t = make_table<Wt>(std::make_integer_sequence<int, MR>{});
   return t.table;
 }
 
@@ -115,6 +137,32 @@ void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float
   });
 }
 
+bool pack_linear_weight_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* packed,
+                             int num_threads) {
+  const int64_t panels = (n + NB - 1) / NB;
+  std::atomic<uint32_t> lost{0};
+  parallel_for_static(panels, num_threads, [&](int64_t p_begin, int64_t p_end) {
+    uint32_t low = 0;  // the OR of every packed value's lower 16 bits: 0 iff all were exact
+    auto bits = [&](int64_t row, int64_t kk) -> uint32_t {
+      if (row >= n) return 0;
+      uint32_t b;
+      std::memcpy(&b, w + row * ldw + kk, sizeof b);
+      low |= b & 0xFFFFu;
+      return b >> 16;
+    };
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      uint16_t* dst = packed + p * k * NB;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int c = 0; c < W; ++c) {
+          dst[kk * NB + 2 * c] = static_cast<uint16_t>(bits(p * NB + c, kk));
+          dst[kk * NB + 2 * c + 1] = static_cast<uint16_t>(bits(p * NB + W + c, kk));
+        }
+    }
+    lost.fetch_or(low, std::memory_order_relaxed);
+  });
+  return lost.load() == 0;
+}
+
 namespace {
 
 // Where a call's panels go. A unit is what a thread claims: one panel of y (PlainOut), or a gate
@@ -122,18 +170,20 @@ namespace {
 // accumulate into a buffer of the thread's (rows NB floats apart, one pass every `pass_stride`
 // floats) and `finish` writes them to the output; only an Out with kInPlace may instead
 // accumulate straight into its output (out(), out_stride()), and its `finish` then gets no
-// buffer.
+// buffer. Wt: the panels' type (float, or uint16_t for bf16 panels).
+template <typename Wt>
 struct PlainOut {
+  using Weight = Wt;
   static constexpr int kPasses = 1;
   static constexpr bool kInPlace = true;
-  const float* packed;
+  const Wt* packed;
   int64_t k, n;
   const float* bias;
   float* y;
   int64_t ldy;
 
   int64_t units() const { return (n + NB - 1) / NB; }
-  const float* panel(int64_t u, int /*pass*/) const { return packed + u * k * NB; }
+  const Wt* panel(int64_t u, int /*pass*/) const { return packed + u * k * NB; }
   // Row m0 of unit u's columns of y, and y's row stride.
   float* out(int64_t u, int64_t m0) const { return y + m0 * ldy + u * NB; }
   int64_t out_stride() const { return ldy; }
@@ -159,16 +209,18 @@ struct PlainOut {
 // and up panel u + inter / NB, multiplied into the thread's buffer; `finish` writes
 // out[:, u * NB : (u + 1) * NB] = silu(gate) * up, the same arithmetic as silu_mul
 // (elementwise.cpp), so the same bits.
+template <typename Wt>
 struct SiluMulOut {
+  using Weight = Wt;
   static constexpr int kPasses = 2;
   static constexpr bool kInPlace = false;
-  const float* packed;
+  const Wt* packed;
   int64_t k, inter;
   float* out_;
   int64_t ldo;
 
   int64_t units() const { return inter / NB; }
-  const float* panel(int64_t u, int pass) const {
+  const Wt* panel(int64_t u, int pass) const {
     return packed + (u + pass * units()) * k * NB;
   }
   int nvalid(int64_t) const { return NB; }
@@ -225,12 +277,13 @@ int64_t* tile_units_of(int64_t units) {
 template <typename Out>
 void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
                 int num_threads) {
+  using Wt = typename Out::Weight;
   const int64_t units = o.units();
   const int64_t mc_size = m <= 2 * kMC ? m : kMC;
   const int64_t pass_stride = mc_size * NB;  // a pass's part of a unit's buffer
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
-  const MicroKernel* kernels = kernels_by_rows();
+  const MicroKernel<Wt>* kernels = kernels_by_rows<Wt>();
   const bool single_pass_pf = prefetch_single_pass();
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, units)));
   // Units go out in chunks: each thread takes its own contiguous run of them, in order, so its
@@ -271,7 +324,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
     // last slice prefetches the next item's first (at decode sizes a chunk of the smaller
     // projections is one panel with K in one block: nothing of theirs would be prefetched).
     auto body = [&](int64_t item, int64_t following) {
-      const float* following_first =
+      const Wt* following_first =
           following < items ? o.panel(following % num_chunks * chunk, 0) : nullptr;
       const int64_t ch = item % num_chunks;
       const int64_t u_begin = ch * chunk, u_end = std::min(units, u_begin + chunk);
@@ -287,10 +340,10 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
           if constexpr (Out::kInPlace) {
             if (y == nullptr) y = o.out(u, m0), ldy = o.out_stride();
           }
-          const float* first = o.panel(u, pass);
+          const Wt* first = o.panel(u, pass);
           for (int64_t k0 = 0; k0 < k; k0 += kc_size) {
             const int kc = static_cast<int>(std::min(kc_size, k - k0));
-            const float* panel = first + k0 * NB;
+            const Wt* panel = first + k0 * NB;
             // The weights stream on: the next kc x NB slice (the next K block, the unit's
             // next pass or the next unit; after the item's last slice, the next item's
             // first) is prefetched while this one is multiplied, its lines shared out over
@@ -298,7 +351,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
             // only follows demand misses, and the row blocks after the first miss nothing).
             // A slice that one row block reads (m <= MR: small decode batches) is prefetched
             // only where that pays (prefetch_single_pass).
-            const float* next = nullptr;
+            const Wt* next = nullptr;
             if (m1 - m0 > MR || single_pass_pf) {
               if (k0 + kc < k) next = panel + kc * NB;
               else if (pass + 1 < Out::kPasses) next = o.panel(u, pass + 1);
@@ -306,7 +359,8 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
               else next = following_first;
             }
             const int64_t next_kc = k0 + kc < k ? std::min(kc_size, k - k0 - kc) : kc_size;
-            const int64_t lines = next == nullptr ? 0 : (next_kc * NB * 4 + 63) / 64;
+            const int64_t lines =
+                next == nullptr ? 0 : (next_kc * NB * int64_t{sizeof(Wt)} + 63) / 64;
             const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
             const int64_t blocks = (m1 - m0 + MR - 1) / MR;
             const int64_t per = (lines + blocks - 1) / blocks;
@@ -336,7 +390,12 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
 
 void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
                    int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
-  run_panels(x, m, k, ldx, PlainOut{packed, k, n, bias, y, ldy}, num_threads);
+  run_panels(x, m, k, ldx, PlainOut<float>{packed, k, n, bias, y, ldy}, num_threads);
+}
+
+void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* packed,
+                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads) {
+  run_panels(x, m, k, ldx, PlainOut<uint16_t>{packed, k, n, bias, y, ldy}, num_threads);
 }
 
 bool linear_silu_mul_fits(int64_t inter) { return inter > 0 && inter % NB == 0; }
@@ -344,7 +403,13 @@ bool linear_silu_mul_fits(int64_t inter) { return inter > 0 && inter % NB == 0; 
 void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
                             const float* packed, int64_t inter, float* out, int64_t ldo,
                             int num_threads) {
-  run_panels(x, m, k, ldx, SiluMulOut{packed, k, inter, out, ldo}, num_threads);
+  run_panels(x, m, k, ldx, SiluMulOut<float>{packed, k, inter, out, ldo}, num_threads);
+}
+
+void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
+                            const uint16_t* packed, int64_t inter, float* out, int64_t ldo,
+                            int num_threads) {
+  run_panels(x, m, k, ldx, SiluMulOut<uint16_t>{packed, k, inter, out, ldo}, num_threads);
 }
 
 }  // namespace pdcpu

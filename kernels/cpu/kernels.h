@@ -54,8 +54,16 @@ void store_kv(const StoreKVArgs& a, DType dtype);
 int linear_panel_width();
 void pack_linear_weight(const float* w, int64_t n, int64_t k, int64_t ldw, float* packed,
                         int num_threads);
-// y[M, N] = x[M, K] @ W^T (+ bias), W packed by pack_linear_weight.
+// The same panels of a weight whose every value bf16 holds exactly, as bf16 (half the bytes;
+// gemm.cpp says how a panel row is laid out). Returns false, with `packed` filled from the
+// values' upper halves, when some value was not exact: the caller must not use it then.
+bool pack_linear_weight_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* packed,
+                             int num_threads);
+// y[M, N] = x[M, K] @ W^T (+ bias), W packed by pack_linear_weight (float32 panels) or
+// pack_linear_weight_bf16 (bf16 panels: the same bits as the float32 ones give).
 void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* packed,
+                   int64_t n, const float* bias, float* y, int64_t ldy, int num_threads);
+void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* packed,
                    int64_t n, const float* bias, float* y, int64_t ldy, int num_threads);
 // out[M, inter] = silu(g) * u with [g | u] = x[M, K] @ W^T, W the gate_up weight [2 * inter, K]
 // packed by pack_linear_weight: the GEMM and the activation in one pass, each thread finishing
@@ -65,6 +73,9 @@ void linear_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const floa
 bool linear_silu_mul_fits(int64_t inter);
 void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
                             const float* packed, int64_t inter, float* out, int64_t ldo,
+                            int num_threads);
+void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
+                            const uint16_t* packed, int64_t inter, float* out, int64_t ldo,
                             int num_threads);
 
 // ---- elementwise.cpp ------------------------------------------------------------------------

@@ -140,15 +140,32 @@ void store_kv(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
   pdcpu::store_kv(a, dtype_of(k));
 }
 
-Tensor pack_linear_weight(const Tensor& w) {
+// Float32 panels, or with bf16 the bf16 panels of a weight whose values bf16 holds exactly
+// (refused otherwise: packed that way it would not be the same weight).
+Tensor pack_linear_weight(const Tensor& w, bool bf16) {
   check_last_contiguous(w, "weight");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat,
               "pdserve_cpu.pack_linear_weight: weight must be float32 [out, in]");
   const int64_t n = w.size(0), k = w.size(1), nb = pdcpu::linear_panel_width();
-  Tensor packed = at::empty({(n + nb - 1) / nb, k, nb}, w.options());
-  pdcpu::pack_linear_weight(w.data_ptr<float>(), n, k, w.stride(0), packed.data_ptr<float>(),
-                            at::get_num_threads());
+  if (!bf16) {
+    Tensor packed = at::empty({(n + nb - 1) / nb, k, nb}, w.options());
+    pdcpu::pack_linear_weight(w.data_ptr<float>(), n, k, w.stride(0), packed.data_ptr<float>(),
+                              at::get_num_threads());
+    return packed;
+  }
+  Tensor packed = at::empty({(n + nb - 1) / nb, k, nb}, w.options().dtype(at::kBFloat16));
+  const bool exact = pdcpu::pack_linear_weight_bf16(
+      w.data_ptr<float>(), n, k, w.stride(0),
+      reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>()), at::get_num_threads());
+  TORCH_CHECK(exact,
+              "pdserve_cpu.pack_linear_weight: bf16=True needs a weight whose every value "
+              "bf16 holds exactly");
   return packed;
+}
+
+// bf16 panels' data as the 16-bit words the kernels read.
+const uint16_t* bf16_bits(const Tensor& packed) {
+  return reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
 }
 
 // x float32 [rows, in] and `packed` the panels of a weight with `out_features` rows for it;
@@ -157,11 +174,14 @@ void check_packed_linear(const Tensor& x, const Tensor& packed, int64_t out_feat
                          const char* name) {
   check_last_contiguous(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.is_contiguous() &&
+                  (packed.scalar_type() == at::kFloat ||
+                   packed.scalar_type() == at::kBFloat16) &&
                   packed.dim() == 3 && packed.size(1) == x.size(1) &&
                   packed.size(2) == pdcpu::linear_panel_width() &&
                   packed.size(0) * packed.size(2) >= out_features &&
                   packed.size(0) * packed.size(2) < out_features + packed.size(2),
-              "pdserve_cpu.", name, ": x must be float32 [rows, in] and packed [panels, in, ",
+              "pdserve_cpu.", name,
+              ": x must be float32 [rows, in] and packed (float32 or bf16) [panels, in, ",
               std::to_string(pdcpu::linear_panel_width()), "] for ", std::to_string(out_features),
               " outputs");
 }
@@ -177,9 +197,15 @@ Tensor linear(const Tensor& x, const Tensor& packed, int64_t out_features,
     b = bias->data_ptr<float>();
   }
   Tensor y = at::empty({x.size(0), out_features}, x.options());
-  pdcpu::linear_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                       packed.data_ptr<float>(), out_features, b, y.data_ptr<float>(),
-                       out_features, at::get_num_threads());
+  if (packed.scalar_type() == at::kBFloat16) {
+    pdcpu::linear_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                         bf16_bits(packed), out_features, b, y.data_ptr<float>(), out_features,
+                         at::get_num_threads());
+  } else {
+    pdcpu::linear_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                         packed.data_ptr<float>(), out_features, b, y.data_ptr<float>(),
+                         out_features, at::get_num_threads());
+  }
   return y;
 }
 
@@ -252,9 +278,15 @@ Tensor linear_silu_mul(const Tensor& x, const Tensor& packed, int64_t inter) {
   // inter is a multiple of the panel width here, so the panels are exactly gate's then up's.
   check_packed_linear(x, packed, 2 * inter, "linear_silu_mul");
   Tensor out = at::empty({x.size(0), inter}, x.options());
-  pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                                packed.data_ptr<float>(), inter, out.data_ptr<float>(), inter,
-                                at::get_num_threads());
+  if (packed.scalar_type() == at::kBFloat16) {
+    pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                                  bf16_bits(packed), inter, out.data_ptr<float>(), inter,
+                                  at::get_num_threads());
+  } else {
+    pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                                  packed.data_ptr<float>(), inter, out.data_ptr<float>(), inter,
+                                  at::get_num_threads());
+  }
   return out;
 }
 
@@ -400,7 +432,7 @@ TORCH_LIBRARY(pdserve_cpu, m) {
       "store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slot_mapping) -> ()",
       &store_kv);
-  m.def("pack_linear_weight(Tensor weight) -> Tensor", &pack_linear_weight);
+  m.def("pack_linear_weight(Tensor weight, bool bf16=False) -> Tensor", &pack_linear_weight);
   m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor",

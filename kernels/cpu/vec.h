@@ -26,10 +26,14 @@ constexpr int W = kVecBytes / 4;  // floats per vector
 
 typedef float vf __attribute__((vector_size(kVecBytes)));
 typedef int32_t vi __attribute__((vector_size(kVecBytes)));
+typedef uint32_t vu __attribute__((vector_size(kVecBytes)));
 typedef float vf_unaligned __attribute__((vector_size(kVecBytes), aligned(4)));
+typedef uint32_t vu_unaligned __attribute__((vector_size(kVecBytes), aligned(2)));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
+// A vector's bytes from 16-bit data (2 W halves), as W 32-bit lanes.
+inline vu load_u32(const uint16_t* p) { return *reinterpret_cast<const vu_unaligned*>(p); }
 // x - 0 is x for every x (also -0), so this folds to a plain broadcast; vf{} + x would not.
 inline vf splat(float x) { return x - vf{}; }
 
