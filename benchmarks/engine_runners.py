@@ -115,6 +115,14 @@ def load_pdserve_torch(model: str, options: dict[str, Any]) -> Loaded:
     return load_pdserve(model, options)
 
 
+def load_pdserve_fp32_panels(model: str, options: dict[str, Any]) -> Loaded:
+    """pdserve with every weight on float32 panels, even where bf16 holds the weights exactly
+    (``PDSERVE_BF16_EXACT_WEIGHTS=0``): against ``pdserve`` on a bf16 checkpoint, what the
+    bf16 panels give."""
+    os.environ["PDSERVE_BF16_EXACT_WEIGHTS"] = "0"
+    return load_pdserve(model, options)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hugging Face transformers
 
@@ -284,6 +292,7 @@ def load_vllm(model: str, options: dict[str, Any]) -> Loaded:
 LOADERS: dict[str, Callable[[str, dict[str, Any]], Loaded]] = {
     "pdserve": load_pdserve,
     "pdserve-torch": load_pdserve_torch,
+    "pdserve-fp32-panels": load_pdserve_fp32_panels,
     "hf-static": load_hf_static,
     "hf-cb": load_hf_cb,
     "vllm": load_vllm,

@@ -9,7 +9,9 @@
               its floor is the larger of bytes / read bandwidth and FLOPs / peak GEMM rate.
 
 The sum is a floor for an engine that does exactly this work and nothing else, with weights
-and K/V of ``bytes_per_element`` each (4: fp32, the CPU benchmark; 2: bf16 on a GPU): it
+and K/V of ``bytes_per_element`` each (4: fp32, the CPU benchmark; 2: bf16 on a GPU), or the
+weights of ``weight_bytes_per_element`` (2: a bf16 checkpoint run in fp32, whose weights an
+engine can read as bf16 and still compute exactly in fp32): it
 ignores that real steps mix prefill chunks with decodes, and all overheads. The compute
 roofline (FLOPs / peak) ignores the memory traffic instead; decode steps are bound by it.
 """
@@ -33,6 +35,7 @@ class Floor:
     gemm_gflops: float
     read_gbps: float
     bytes_per_element: int = BYTES_PER_PARAM
+    weight_bytes_per_element: int = BYTES_PER_PARAM
 
     @property
     def decode_s(self) -> float:
@@ -55,7 +58,11 @@ def physical_floor(
     gemm_gflops: float,
     read_gbps: float,
     bytes_per_element: int = BYTES_PER_PARAM,
+    weight_bytes_per_element: int | None = None,
 ) -> Floor:
+    weight_element = (
+        bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
+    )
     peak, bw = gemm_gflops * 1e9, read_gbps * 1e9
     linear_flops_per_token = 2.0 * shape.params_in_linear_layers
     head_flops_per_token = 2.0 * shape.lm_head_params
@@ -67,7 +74,7 @@ def physical_floor(
         prefill_flops += linear_flops_per_token * n + head_flops_per_token
         prefill_flops += attn_flops_per_key * n * (n + 1) / 2
 
-    weight_bytes = bytes_per_element * (shape.params_in_linear_layers + shape.lm_head_params)
+    weight_bytes = weight_element * (shape.params_in_linear_layers + shape.lm_head_params)
     kv_per_pos = kv_bytes_per_position(shape, bytes_per_element)
     steps = max((r.max_tokens - 1 for r in requests), default=0)
     weights_s = kv_s = extra_s = 0.0
@@ -91,4 +98,5 @@ def physical_floor(
         gemm_gflops=gemm_gflops,
         read_gbps=read_gbps,
         bytes_per_element=bytes_per_element,
+        weight_bytes_per_element=weight_element,
     )

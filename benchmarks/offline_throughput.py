@@ -20,7 +20,9 @@ steps x weight and KV bytes at the read bandwidth measured in the same run). Gre
 compared with pdserve's request by request; an exact-match count is printed, divergences are
 not hidden. ``pdserve-torch`` is pdserve without its compiled CPU kernels
 (``PDSERVE_CPU_KERNELS=0``: the torch attention backend and torch layers), the path a machine
-without a C++ compiler takes.
+without a C++ compiler takes. ``pdserve-fp32-panels`` keeps every weight on float32 panels
+(``PDSERVE_BF16_EXACT_WEIGHTS=0``): with ``--checkpoint-dtype bfloat16``, against ``pdserve``,
+it shows what packing bf16-exact weights as bf16 gives.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from benchmarks.workloads import (  # noqa: E402
     workload_to_json,
 )
 
-ENGINES = ("pdserve", "pdserve-torch", "hf-static", "hf-cb", "vllm")
+ENGINES = ("pdserve", "pdserve-torch", "pdserve-fp32-panels", "hf-static", "hf-cb", "vllm")
 RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
 ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
 GPU_ROOFLINE = REPO_ROOT / "benchmarks" / "gpu_roofline.py"
@@ -59,7 +61,9 @@ BENCH_DIR = Path.home() / ".cache" / "pdserve" / "bench"
 DEFAULT_MODEL_DIR = BENCH_DIR / "smollm2-135m-shape-random-fp32"
 
 
-def default_model_dir(shape: str) -> Path:
+def default_model_dir(shape: str, checkpoint_dtype: str = "float32") -> Path:
+    if checkpoint_dtype != "float32":
+        return BENCH_DIR / f"{shape}-shape-random-{checkpoint_dtype}"
     return (
         DEFAULT_MODEL_DIR if shape == "smollm2-135m" else BENCH_DIR / f"{shape}-shape-random-fp32"
     )
@@ -71,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--engines",
-        default=",".join(ENGINES),
+        default="pdserve,pdserve-torch,hf-static,hf-cb,vllm",
         help="comma-separated subset of " + ",".join(ENGINES),
     )
     p.add_argument("--num-requests", type=int, default=32)
@@ -83,6 +87,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="model shape")
     p.add_argument("--model-dir", type=Path, default=None, help="default: by --shape, cached")
+    p.add_argument(
+        "--checkpoint-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the random model's stored weights; bfloat16 is what most published checkpoints "
+        "are (every engine still runs in float32, and the floor then counts the weights at "
+        "the 2 bytes an engine needs to read them exactly)",
+    )
     p.add_argument(
         "--plan-only",
         action="store_true",
@@ -155,7 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "vllm" in args.engines and not args.vllm_python:
         p.error("--vllm-python is required for the vllm engine")
     if args.model_dir is None:
-        args.model_dir = default_model_dir(args.shape)
+        args.model_dir = default_model_dir(args.shape, args.checkpoint_dtype)
     return args
 
 
@@ -170,6 +182,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {
         "pdserve": pdserve,
         "pdserve-torch": pdserve,
+        "pdserve-fp32-panels": pdserve,
         "hf-static": {
             "batch_size": args.hf_batch_size,
             "device": args.hf_device,
@@ -306,7 +319,9 @@ def main(argv: list[str] | None = None) -> None:
         probe = GPU_ROOFLINE if args.gpu_roofline else ROOFLINE
         print("roofline/floor:", "skipped" if args.skip_roofline else f"{probe.name} twice")
         return
-    model_dir = ensure_model_folder(args.model_dir, shape=args.shape)
+    model_dir = ensure_model_folder(
+        args.model_dir, shape=args.shape, checkpoint_dtype=args.checkpoint_dtype
+    )
     requests = make_workload(
         args.num_requests,
         tuple(args.prompt_len),
@@ -346,7 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     floor = None
     if gemm_gflops is not None and read_gbps is not None:
         element = BYTES_PER_ELEMENT[args.pdserve_dtype] if args.gpu_roofline else 4
-        floor = physical_floor(requests, shape, gemm_gflops, read_gbps, element)
+        # A bf16 checkpoint's weights need only 2 bytes each to be read exactly.
+        weight_element = min(element, BYTES_PER_ELEMENT[args.checkpoint_dtype])
+        floor = physical_floor(requests, shape, gemm_gflops, read_gbps, element, weight_element)
     summary = summarize(results, flops, gemm_gflops, floor)
     agreement: dict[str, dict[str, Any]] = {}
     if "pdserve" in results:

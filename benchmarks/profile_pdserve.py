@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.offline_throughput import DEFAULT_MODEL_DIR
+from benchmarks.offline_throughput import default_model_dir
 from benchmarks.workloads import ensure_model_folder, make_workload, model_shape, workload_flops
 
 
@@ -245,7 +245,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--model-dir", type=Path, default=None, help="default: by the next")
+    parser.add_argument(
+        "--checkpoint-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the random model's stored weights (offline_throughput.py's option); on a bf16 "
+        "checkpoint the engine packs its weights as bf16",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: pdserve's")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="default: pdserve's"
@@ -274,7 +281,10 @@ def main() -> None:
     else:
         os.environ.setdefault("PDSERVE_FUSED_LAYERS", "0")  # the timers see each kernel
     shape = model_shape()
-    model_dir = ensure_model_folder(args.model_dir)
+    model_dir = ensure_model_folder(
+        args.model_dir or default_model_dir("smollm2-135m", args.checkpoint_dtype),
+        checkpoint_dtype=args.checkpoint_dtype,
+    )
     requests = make_workload(args.num_requests, (32, 512), (16, 256), shape.vocab_size, args.seed)
     warmup = make_workload(2, (32, 64), (4, 8), shape.vocab_size, args.seed + 1_000_003)
     options = {
@@ -322,10 +332,15 @@ def main() -> None:
     floors = {
         "read_gbps": measure_read_bandwidth(),
         "kv_bytes_per_position": kv_bytes_per_position(shape),
-        "layer_weight_bytes": BYTES_PER_PARAM * shape.params_in_linear_layers,
+        "layer_weight_bytes": layer_weight_bytes(model)
+        or BYTES_PER_PARAM * shape.params_in_linear_layers,
         "layer_params": shape.params_in_linear_layers,
         "fma_gflops": measure_fma_peak(torch.get_num_threads()) or 0.0,
     }
+    print(
+        "decoder layers' weights as the step reads them: "
+        f"{floors['layer_weight_bytes'] / 1e6:.0f} MB"
+    )
     report(steps, wall_s, floors)
     if args.op_profile_steps:
         op_profile(
@@ -335,6 +350,18 @@ def main() -> None:
             args.op_profile_skip,
             args.top,
         )
+
+
+def layer_weight_bytes(model: Any) -> int:
+    """Bytes of the decoder layers' packed weights (float32 or bf16 panels), 0 when none are
+    packed (the torch path)."""
+    from engine.models.layers import PackedLinear
+
+    return sum(
+        m.packed.numel() * m.packed.element_size()
+        for m in model.layers.modules()
+        if isinstance(m, PackedLinear)
+    )
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def print_report(
             f"physical floor: {floor.total_s:.1f} s ({totals['output'] / floor.total_s:.1f} "
             f"output tok/s) = prefill {floor.prefill_s:.1f} s at {floor.gemm_gflops:.0f} GFLOP/s"
             f" + {floor.decode_steps} decode steps {floor.decode_s:.1f} s at "
-            f"{floor.read_gbps:.1f} GB/s read (weights {floor.decode_weights_s:.1f} s, KV "
+            f"{floor.read_gbps:.1f} GB/s read (weights at {floor.weight_bytes_per_element} bytes "
+            f"{floor.decode_weights_s:.1f} s, KV "
             f"{floor.decode_kv_s:.1f} s, compute past the bytes {floor.decode_compute_extra_s:.1f}"
             " s)"
         )

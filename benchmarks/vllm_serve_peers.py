@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.http_ready import wait_http_ok  # noqa: E402
-from benchmarks.offline_throughput import DEFAULT_MODEL_DIR  # noqa: E402
+from benchmarks.offline_throughput import default_model_dir  # noqa: E402
 from benchmarks.vllm_bench_client import _CLIENT  # noqa: E402
 from benchmarks.workloads import ensure_model_folder  # noqa: E402
 from pdserve.ports import free_port  # noqa: E402
@@ -130,7 +130,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--servers", default=",".join(SERVERS), help="subset of " + ",".join(SERVERS))
     ap.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python")
-    ap.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    ap.add_argument("--model-dir", type=Path, default=None, help="default: by the next")
+    ap.add_argument(
+        "--checkpoint-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the random model's stored weights (every server still runs in float32)",
+    )
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--input-len", type=int, default=384)
     ap.add_argument("--output-len", type=int, default=128)
@@ -144,7 +150,8 @@ def main() -> int:
     unknown = sorted(set(kinds) - set(SERVERS))
     if unknown:
         ap.error(f"unknown servers {unknown}; choose from {', '.join(SERVERS)}")
-    model = str(ensure_model_folder(a.model_dir))
+    folder = a.model_dir or default_model_dir("smollm2-135m", a.checkpoint_dtype)
+    model = str(ensure_model_folder(folder, checkpoint_dtype=a.checkpoint_dtype))
     rows = []
     with tempfile.TemporaryDirectory() as results:
         for kind in kinds:

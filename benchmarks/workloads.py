@@ -197,10 +197,20 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
-def ensure_model_folder(folder: Path, seed: int = 0, shape: str = "smollm2-135m") -> Path:
-    """Create the random-weight model folder once; reuse it when it is already complete."""
+def ensure_model_folder(
+    folder: Path, seed: int = 0, shape: str = "smollm2-135m", checkpoint_dtype: str = "float32"
+) -> Path:
+    """Create the random-weight model folder once; reuse it when it is already complete.
+    ``checkpoint_dtype`` ``bfloat16`` stores the weights as bf16, as most published checkpoints
+    are (the engines still run in float32; every weight value is then bf16-exact)."""
     marker = folder / "pdserve_bench_model.json"
-    expected = {"version": _MODEL_FORMAT_VERSION, "seed": seed, "shape": SHAPES[shape]}
+    expected: dict[str, Any] = {
+        "version": _MODEL_FORMAT_VERSION,
+        "seed": seed,
+        "shape": SHAPES[shape],
+    }
+    if checkpoint_dtype != "float32":
+        expected["checkpoint_dtype"] = checkpoint_dtype
     if marker.exists() and json.loads(marker.read_text()) == expected:
         return folder
 
@@ -220,7 +230,7 @@ def ensure_model_folder(folder: Path, seed: int = 0, shape: str = "smollm2-135m"
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)  # fp32 parameters
-    model.save_pretrained(folder, safe_serialization=True)
+    model.to(getattr(torch, checkpoint_dtype)).save_pretrained(folder, safe_serialization=True)
     _write_tokenizer(folder, int(SHAPES[shape]["vocab_size"]))
     marker.write_text(json.dumps(expected))
     return folder

@@ -46,3 +46,15 @@ def test_half_precision_floor_reads_half_the_bytes() -> None:
     assert bf16.decode_weights_s == pytest.approx(fp32.decode_weights_s / 2)
     assert bf16.decode_kv_s == pytest.approx(fp32.decode_kv_s / 2)
     assert bf16.prefill_s == fp32.prefill_s and bf16.bytes_per_element == 2
+
+
+def test_a_bf16_checkpoint_in_fp32_halves_only_the_weights() -> None:
+    """offline_throughput.py --checkpoint-dtype bfloat16: the engines compute in fp32, but a
+    bf16 checkpoint's weights can be read exactly at 2 bytes each; its K/V stay fp32."""
+    shape = model_shape("smollm2-135m")
+    reqs = [BenchRequest([5] * 40, 9), BenchRequest([5] * 12, 4)]
+    fp32 = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=30.0)
+    ckpt = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=30.0, weight_bytes_per_element=2)
+    assert ckpt.decode_weights_s == pytest.approx(fp32.decode_weights_s / 2)
+    assert ckpt.decode_kv_s == fp32.decode_kv_s and ckpt.prefill_s == fp32.prefill_s
+    assert (ckpt.bytes_per_element, ckpt.weight_bytes_per_element) == (4, 2)
