@@ -1,6 +1,7 @@
 """``X-Request-Id`` over HTTP, in every mode: the client's id becomes the request's id (the
 response's ``id``, streamed or not) and comes back as a response header; an invalid one is
-refused with 400 naming the header; without it the router makes an id and sends no header."""
+refused with 400 naming the header; without it the router makes an id and sends no header; a
+retry right after its client dropped the first's connection is served."""
 
 from __future__ import annotations
 
@@ -82,4 +83,24 @@ def test_a_header_id_in_flight_is_refused_naming_the_header(server: Server) -> N
             assert "leave it out" in error["message"]
             rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"  # the first is untouched
+    server.wait_pool_free()
+
+
+def test_a_retry_straight_after_a_dropped_connection_is_served(server: Server) -> None:
+    """The client drops a streaming request's connection and at once sends the same
+    X-Request-Id again on a new connection, eight times: every retry is served with the same
+    tokens, none refused (the dropped stream's clean-up is waited for)."""
+    greedy = {**COMPLETION, "temperature": 0}
+    long = {**greedy, "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    expected = server.post("/v1/completions", json=greedy)
+    for _ in range(8):
+        with server.http(timeout=60) as client:
+            with client.stream(
+                "POST", "/v1/completions", json=long, headers={"X-Request-Id": "dropped"}
+            ) as s:
+                assert s.status_code == 200
+                next(s.iter_lines())
+        r = server.post("/v1/completions", json=greedy, headers={"X-Request-Id": "dropped"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == expected.json()["choices"][0]["text"]
     server.wait_pool_free()

@@ -69,7 +69,7 @@ def test_an_id_is_free_again_once_its_request_ended(
         assert _tokens(stub.Generate(_request("again", 6), timeout=60)) == expected
     # Cancelled by its client: a retry that comes after the cancel reached the router waits
     # for the request's calls to end and is served; only one that overtakes the cancel itself
-    # (the server has not seen it yet) is told ALREADY_EXISTS.
+    # (the server has not seen it yet) would be told ALREADY_EXISTS.
     long = stub.Generate(_request("again", 1000), timeout=60)
     next(long)
     long.cancel()
@@ -82,6 +82,23 @@ def test_an_id_is_free_again_once_its_request_ended(
             time.sleep(0.1)
     else:
         pytest.fail("the id stayed in flight after its request was cancelled")
+    server.wait_pool_free()
+
+
+def test_a_retry_straight_after_its_own_cancel_is_served(
+    server: Server, stub: pb_grpc.GenerationServiceStub
+) -> None:
+    """The client cancels a stream and at once sends the same id again, eight times: every
+    retry is served, none refused (the router sees the cancel first and waits for the
+    cancelled stream's clean-up)."""
+    expected = _tokens(stub.Generate(_request("retried", 6), timeout=60))
+    before = _conflicts(server)
+    for _ in range(8):
+        long = stub.Generate(_request("retried", 1000), timeout=60)
+        next(long)
+        long.cancel()
+        assert _tokens(stub.Generate(_request("retried", 6), timeout=60)) == expected
+    assert _conflicts(server) == before
     server.wait_pool_free()
 
 
