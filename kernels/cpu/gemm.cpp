@@ -4,16 +4,16 @@
 //
 // so a panel is one contiguous stream of K x NB floats. The micro-kernel keeps an MR x NB block
 // of y in registers and, for every k, multiplies one broadcast x value per row with the
-// panel's two vectors.
+// panel's two vectors. Threads own contiguous ranges of panels: at decode sizes (a few dozen
+// rows) every weight byte is read from memory exactly once per call, which is what bounds a
+// decode step; at prefill sizes the same loop nest, blocked over rows and K, runs from cache.
 //
 // A weight whose every value bf16 holds exactly (a bf16 checkpoint loaded in float32, as most
 // published checkpoints are) can instead be packed as its values' upper 16 bits, half the bytes
 // (pack_linear_weight_bf16): a panel row is then one vector of NB bf16, columns c and W + c
-// sharing lane c (c in the low half, W + c in the high), and the micro-kernel turns it back into
-// the two float vectors with a shift and a mask. Those floats are the weight's own values, so
-// every product and sum is the float32 kernel's: the same bits, from half the stream. Threads own contiguous ranges of panels: at decode sizes (a few dozen
-// rows) every weight byte is read from memory exactly once per call, which is what bounds a
-// decode step; at prefill sizes the same loop nest, blocked over rows and K, runs from cache.
+// sharing lane c (c in the low half, W + c in the high), and the micro-kernel turns it back
+// into the two float vectors with a shift and a mask. Those floats are the weight's own values,
+// so every product and sum is the float32 kernel's: the same bits, from half the stream.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -33,11 +33,10 @@ constexpr int kMaxKC = 768;                     // K block: a panel slice of kc 
 constexpr int kMC = 192;                        // row block at prefill sizes (multiple of MR)
 constexpr int kTileRows = 2 * MR;               // calls of at most this many rows use a tile
 
-// y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
-// of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
-// `pf_lines` cache lines from `pf` (one per k: spread over the arithmetic).
 // One panel row (NB columns at one k) as two float vectors: from float32 panels, or from bf16
-// panels as laid out above (the shifted and masked halves are exactly the weight's values).
+// panels as laid out above (the shifted and masked halves are exactly the weight's values; the
+// low half of a 32-bit lane is its first uint16 on the little-endian machines this targets).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "bf16 panels assume little-endian");
 inline void load_row(const float* p, vf& w0, vf& w1) {
   w0 = load(p);
   w1 = load(p + W);
@@ -48,6 +47,9 @@ inline void load_row(const uint16_t* p, vf& w0, vf& w1) {
   w1 = reinterpret_cast<vf>(v & (vu{} + 0xFFFF0000u));
 }
 
+// y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
+// of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
+// `pf_lines` cache lines from `pf` (one per k: spread over the arithmetic).
 template <int R, typename Wt>
 void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y,
                   int64_t ldy, int nvalid, bool init, const float* bias, const char* pf,

@@ -84,6 +84,9 @@ def test_portable_build_matches_reference():
         x, w, b = torch.randn(11, 70), torch.randn(13, 70), torch.randn(13)
         y = ops.linear(x, ops.pack_linear_weight(w), 13, b)
         torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        wb = w.bfloat16().float()  # bf16 panels, 4-wide: the same bits as float32 panels
+        y = ops.linear(x, ops.pack_linear_weight(wb), 13, b)
+        assert torch.equal(ops.linear(x, ops.pack_linear_weight(wb, True), 13, b), y)
         gu = torch.randn(3, 38)
         torch.testing.assert_close(
             ops.silu_mul(gu), torch.nn.functional.silu(gu[:, :19]) * gu[:, 19:])
