@@ -45,6 +45,7 @@ from benchmarks.floor import physical_floor  # noqa: E402
 from benchmarks.throughput_report import compare_outputs, print_report, summarize  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     SHAPES,
+    add_checkpoint_dtype,
     ensure_model_folder,
     make_workload,
     model_shape,
@@ -87,13 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="model shape")
     p.add_argument("--model-dir", type=Path, default=None, help="default: by --shape, cached")
-    p.add_argument(
-        "--checkpoint-dtype",
-        choices=["float32", "bfloat16"],
-        default="float32",
-        help="the random model's stored weights; bfloat16 is what most published checkpoints "
-        "are (every engine still runs in float32, and the floor then counts the weights at "
-        "the 2 bytes an engine needs to read them exactly)",
+    add_checkpoint_dtype(
+        p, "; the floor then counts the weights at the 2 bytes that read them exactly"
     )
     p.add_argument(
         "--plan-only",

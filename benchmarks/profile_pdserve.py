@@ -37,7 +37,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.offline_throughput import default_model_dir
-from benchmarks.workloads import ensure_model_folder, make_workload, model_shape, workload_flops
+from benchmarks.workloads import (
+    add_checkpoint_dtype,
+    ensure_model_folder,
+    make_workload,
+    model_shape,
+    workload_flops,
+)
 
 
 class Timers:
@@ -246,13 +252,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-dir", type=Path, default=None, help="default: by the next")
-    parser.add_argument(
-        "--checkpoint-dtype",
-        choices=["float32", "bfloat16"],
-        default="float32",
-        help="the random model's stored weights (offline_throughput.py's option); on a bf16 "
-        "checkpoint the engine packs its weights as bf16",
-    )
+    add_checkpoint_dtype(parser, "; on a bf16 checkpoint pdserve packs its weights as bf16")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="default: pdserve's")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="default: pdserve's"

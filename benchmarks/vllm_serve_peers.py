@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.http_ready import wait_http_ok  # noqa: E402
 from benchmarks.offline_throughput import default_model_dir  # noqa: E402
 from benchmarks.vllm_bench_client import _CLIENT  # noqa: E402
-from benchmarks.workloads import ensure_model_folder  # noqa: E402
+from benchmarks.workloads import add_checkpoint_dtype, ensure_model_folder  # noqa: E402
 from pdserve.ports import free_port  # noqa: E402
 
 SERVERS = ("pdserve-colocated", "pdserve", "vllm")
@@ -131,12 +131,7 @@ def main() -> int:
     ap.add_argument("--servers", default=",".join(SERVERS), help="subset of " + ",".join(SERVERS))
     ap.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python")
     ap.add_argument("--model-dir", type=Path, default=None, help="default: by the next")
-    ap.add_argument(
-        "--checkpoint-dtype",
-        choices=["float32", "bfloat16"],
-        default="float32",
-        help="the random model's stored weights (every server still runs in float32)",
-    )
+    add_checkpoint_dtype(ap)
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--input-len", type=int, default=384)
     ap.add_argument("--output-len", type=int, default=128)

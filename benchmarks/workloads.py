@@ -8,6 +8,7 @@ token ids. The model is a random-weight Llama with the SmolLM2-135M shape (or, w
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from dataclasses import asdict, dataclass
@@ -195,6 +196,18 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
         pad_token="<|endoftext|>",
     )
     fast.save_pretrained(folder)
+
+
+def add_checkpoint_dtype(parser: argparse.ArgumentParser, more: str = "") -> None:
+    """``--checkpoint-dtype float32|bfloat16``: the random model's stored weights (every engine
+    still runs in float32; bfloat16 is what most published checkpoints are)."""
+    parser.add_argument(
+        "--checkpoint-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the random model's stored weights; bfloat16 is what most published checkpoints "
+        "are (every engine still runs in float32)" + more,
+    )
 
 
 def ensure_model_folder(
