@@ -33,8 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.ab_checkouts import alternate_rounds
-from benchmarks.offline_throughput import default_model_dir
-from benchmarks.workloads import ensure_model_folder
+from benchmarks.workloads import default_model_dir, ensure_model_folder
 
 SEQS, PROMPT, WARMUP, STEPS = 18, (32, 500), 5, 60
 

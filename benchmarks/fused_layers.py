@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.offline_throughput import DEFAULT_MODEL_DIR
-from benchmarks.workloads import ensure_model_folder, make_workload, model_shape
+from benchmarks.workloads import DEFAULT_MODEL_DIR, ensure_model_folder, make_workload, model_shape
 
 
 def main(argv: list[str] | None = None) -> int:

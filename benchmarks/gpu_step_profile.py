@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.offline_throughput import default_model_dir
-from benchmarks.workloads import SHAPES, ensure_model_folder, make_workload
+from benchmarks.workloads import SHAPES, default_model_dir, ensure_model_folder, make_workload
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_runner import GPU_POINTWISE_ENV

@@ -46,6 +46,7 @@ from benchmarks.throughput_report import compare_outputs, print_report, summariz
 from benchmarks.workloads import (  # noqa: E402
     SHAPES,
     add_checkpoint_dtype,
+    default_model_dir,
     ensure_model_folder,
     make_workload,
     model_shape,
@@ -58,16 +59,6 @@ RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
 ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
 GPU_ROOFLINE = REPO_ROOT / "benchmarks" / "gpu_roofline.py"
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
-BENCH_DIR = Path.home() / ".cache" / "pdserve" / "bench"
-DEFAULT_MODEL_DIR = BENCH_DIR / "smollm2-135m-shape-random-fp32"
-
-
-def default_model_dir(shape: str, checkpoint_dtype: str = "float32") -> Path:
-    if checkpoint_dtype != "float32":
-        return BENCH_DIR / f"{shape}-shape-random-{checkpoint_dtype}"
-    return (
-        DEFAULT_MODEL_DIR if shape == "smollm2-135m" else BENCH_DIR / f"{shape}-shape-random-fp32"
-    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.offline_throughput import default_model_dir
 from benchmarks.workloads import (
     add_checkpoint_dtype,
+    default_model_dir,
     ensure_model_folder,
     make_workload,
     model_shape,

@@ -39,8 +39,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
-from benchmarks.offline_throughput import DEFAULT_MODEL_DIR  # noqa: E402
-from benchmarks.workloads import ensure_model_folder  # noqa: E402
+from benchmarks.workloads import DEFAULT_MODEL_DIR, ensure_model_folder  # noqa: E402
 
 CONFIGS = REPO_ROOT / "docs" / "bench"
 PORT = 8123  # the configs' target URL

@@ -29,9 +29,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.http_ready import wait_http_ok  # noqa: E402
-from benchmarks.offline_throughput import default_model_dir  # noqa: E402
 from benchmarks.vllm_bench_client import _CLIENT  # noqa: E402
-from benchmarks.workloads import add_checkpoint_dtype, ensure_model_folder  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    add_checkpoint_dtype,
+    default_model_dir,
+    ensure_model_folder,
+)
 from pdserve.ports import free_port  # noqa: E402
 
 SERVERS = ("pdserve-colocated", "pdserve", "vllm")

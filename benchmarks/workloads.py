@@ -198,6 +198,19 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
+BENCH_DIR = Path.home() / ".cache" / "pdserve" / "bench"
+DEFAULT_MODEL_DIR = BENCH_DIR / "smollm2-135m-shape-random-fp32"
+
+
+def default_model_dir(shape: str, checkpoint_dtype: str = "float32") -> Path:
+    """Where the benchmarks keep the random model of ``shape`` (made once, then reused)."""
+    if checkpoint_dtype != "float32":
+        return BENCH_DIR / f"{shape}-shape-random-{checkpoint_dtype}"
+    return (
+        DEFAULT_MODEL_DIR if shape == "smollm2-135m" else BENCH_DIR / f"{shape}-shape-random-fp32"
+    )
+
+
 def add_checkpoint_dtype(parser: argparse.ArgumentParser, more: str = "") -> None:
     """``--checkpoint-dtype float32|bfloat16``: the random model's stored weights (every engine
     still runs in float32; bfloat16 is what most published checkpoints are)."""
