@@ -171,10 +171,16 @@ async def run_mix(
             tasks.append(asyncio.ensure_future(run))
             await asyncio.sleep(stagger_s)
         if fault is not None:
+            # Wait until every stream still running has after_tokens. On a loaded machine one
+            # stream can finish before another has its first few (a CI run saw greedy-b end
+            # while two streams had 8 tokens): a cleanly finished one is no reason to wait, a
+            # failed one fails here; the callers' checks say whether the fault hit a stream.
             deadline = time.monotonic() + 60
-            while any(s.num_tokens < after_tokens for s in seen.values()):
+            streams = list(zip(tasks, seen.values(), strict=True))
+            while any(not t.done() and s.num_tokens < after_tokens for t, s in streams):
                 assert time.monotonic() < deadline, _stuck(seen, cluster)
-                assert not any(t.done() for t in tasks), _stuck(seen, cluster)
+                failed = [t for t in tasks if t.done() and t.exception() is not None]
+                assert not failed, (failed[0].exception(), _stuck(seen, cluster))
                 await asyncio.sleep(0.02)
             await asyncio.to_thread(fault)
         await asyncio.wait_for(asyncio.gather(*tasks), CALL_TIMEOUT_S + 30)
