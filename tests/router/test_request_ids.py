@@ -36,6 +36,23 @@ def _tokens(msgs: Iterator[pb.GenerateResponse]) -> list[int]:
     return [t for m in msgs for t in m.token_ids]
 
 
+def _cancel_then_retry(stub: pb_grpc.GenerationServiceStub, rid: str, expected: list[int]) -> None:
+    """Start a long stream with ``rid``, cancel it after its first message, and send ``rid``
+    again at once until it is served (ALREADY_EXISTS while the router has not seen the cancel):
+    the retry's tokens are ``expected``."""
+    long = stub.Generate(_request(rid, 1000), timeout=60)
+    next(long)
+    long.cancel()
+    for _ in range(50):
+        try:
+            assert _tokens(stub.Generate(_request(rid, 6), timeout=60)) == expected
+            return
+        except grpc.RpcError as e:  # the cancel had not reached the router yet
+            assert e.code() == grpc.StatusCode.ALREADY_EXISTS, e
+            time.sleep(0.1)
+    pytest.fail("the id stayed in flight after its request was cancelled")
+
+
 def _conflicts(server: Server) -> float:
     text = server.get("/metrics", timeout=10).text
     found = re.findall(r'^pdserve_request_rejected_total\{[^}]*reason="conflict"[^}]*\} (\S+)$',
@@ -67,22 +84,10 @@ def test_an_id_is_free_again_once_its_request_ended(
     expected = _tokens(stub.Generate(_request("again", 6), timeout=60))
     for _ in range(3):
         assert _tokens(stub.Generate(_request("again", 6), timeout=60)) == expected
-    # Cancelled by its client: the retry right after the cancel waits for the request's calls
-    # to end and is served (a live holder gets 0.5 s to start closing, so even a retry whose
-    # call overtook the cancel is); only a cancel slower than that to reach the router's
-    # stream leaves ALREADY_EXISTS.
-    long = stub.Generate(_request("again", 1000), timeout=60)
-    next(long)
-    long.cancel()
-    for _ in range(50):
-        try:
-            assert _tokens(stub.Generate(_request("again", 6), timeout=60)) == expected
-            break
-        except grpc.RpcError as e:  # the cancel had not reached the router yet
-            assert e.code() == grpc.StatusCode.ALREADY_EXISTS, e
-            time.sleep(0.1)
-    else:
-        pytest.fail("the id stayed in flight after its request was cancelled")
+    # Cancelled by its client: a retry that comes after the cancel reached the router waits
+    # for the request's calls to end and is served; one that overtakes the cancel itself (the
+    # server has not seen it yet) is told ALREADY_EXISTS and served when it tries again.
+    _cancel_then_retry(stub, "again", expected)
     server.wait_pool_free()
 
 
@@ -94,18 +99,7 @@ def test_a_retry_straight_after_its_own_cancel_is_served(
     not seen the cancel yet) is told ALREADY_EXISTS and served when it tries again."""
     expected = _tokens(stub.Generate(_request("retried", 6), timeout=60))
     for _ in range(8):
-        long = stub.Generate(_request("retried", 1000), timeout=60)
-        next(long)
-        long.cancel()
-        for _ in range(50):
-            try:
-                assert _tokens(stub.Generate(_request("retried", 6), timeout=60)) == expected
-                break
-            except grpc.RpcError as e:  # overtook the cancel
-                assert e.code() == grpc.StatusCode.ALREADY_EXISTS, e
-                time.sleep(0.1)
-        else:
-            pytest.fail("the id stayed in flight after its request was cancelled")
+        _cancel_then_retry(stub, "retried", expected)
     server.wait_pool_free()
 
 
