@@ -32,6 +32,9 @@ constexpr int MR = kNumVecRegs >= 32 ? 12 : 6;  // accumulators: 2 * MR vectors
 constexpr int kMaxKC = 768;                     // K block: a panel slice of kc x NB floats
 constexpr int kMC = 192;                        // row block at prefill sizes (multiple of MR)
 constexpr int kTileRows = 2 * MR;               // calls of at most this many rows use a tile
+// A row block of at most this many rows prefetches two lines a k (its share of the next slice
+// may be all of it), larger ones one (see run_panels).
+constexpr int kTwoLinesRows = 8;
 
 // One panel row (NB columns at one k) as two float vectors: from float32 panels, or from bf16
 // panels as laid out above (the shifted and masked halves are exactly the weight's values; the
@@ -49,7 +52,8 @@ inline void load_row(const uint16_t* p, vf& w0, vf& w1) {
 
 // y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
 // of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
-// `pf_lines` cache lines from `pf` (one per k: spread over the arithmetic).
+// `pf_lines` cache lines from `pf`, spread over the arithmetic: one per k, or two per k when
+// there are more lines than k (at most 2 * kc).
 template <int R, typename Wt>
 void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y,
                   int64_t ldy, int nvalid, bool init, const float* bias, const char* pf,
@@ -77,7 +81,12 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
     }
   }
   for (int k = 0; k < kc; ++k) {
-    if (k < pf_lines) prefetch_l2(pf + k * 64);
+    if (pf_lines > kc) {
+      prefetch_l2(pf + 2 * k * 64);
+      if (2 * k + 1 < pf_lines) prefetch_l2(pf + (2 * k + 1) * 64);
+    } else if (k < pf_lines) {
+      prefetch_l2(pf + k * 64);
+    }
     vf w0, w1;
     load_row(panel + k * NB, w0, w1);
 #pragma GCC unroll 12
@@ -370,8 +379,15 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
               const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
               const int64_t first_line = std::min(lines, rb * per);
               const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
+              // A float32 slice is two lines a k, so a call of one row block (m <= MR) that
+              // prefetches one line a k leaves half of the next slice to demand misses. With
+              // two a k for blocks of at most kTwoLinesRows rows, the 30 layers' GEMMs ran 11%
+              // faster at 4 rows and 10% at 8; at 12 rows, whose k steps are longer, two a k
+              // ran 4-6% slower than one (Intel Sapphire Rapids-class VM, docs/benchmarks.md,
+              // 2026-12-05). Blocks of a larger call get at most one line a k anyway.
+              const int max_pf = rows <= kTwoLinesRows ? 2 * kc : kc;
               kernels[rows](x + r * ldx + k0, ldx, panel, kc, y + (r - m0) * ldy, ldy, nvalid,
-                            k0 == 0, b, pf + first_line * 64, std::min(n_pf, kc));
+                            k0 == 0, b, pf + first_line * 64, std::min(n_pf, max_pf));
             }
           }
         }
