@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,6 +79,13 @@ int runnable_tasks() {
 
 const int g_cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
 
+// CPU time of this process, all threads (-1 where the clock is missing).
+int64_t process_cpu_ns() {
+  timespec ts;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return -1;
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 // At most every kSampleNs, after a job or when a spinner's poll came back late, one pool thread
 // counts the runnable tasks. More than there are CPUs in two samples running: other tasks want
 // these cores (a process beside, torch's own OpenMP threads, more threads than cores), and
@@ -86,9 +94,21 @@ const int g_cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)))
 // (Per-thread signals were tried and do not separate the cases on a VM: involuntary switches
 // come from kernel threads tens of times a second, and the scheduler's run delay counts the
 // wake-up of an idle vCPU as waiting.)
+//
+// The tasks waiting may be this process's own: colocated serving runs the router's event loop,
+// its gRPC threads and the engine in one process, and they wake every step to stream its
+// tokens. Backing off for them made a decode step of 4 requests 1.1-1.4x slower, every wait a
+// wake-up (docs/benchmarks.md, 2026-12-05, eighth session). So a sample is crowded only where
+// this process also got less than kOwnShare of the CPUs its jobs use since the sample before:
+// with a busy process beside, two pool threads on two CPUs get 2/3 of them; with its own threads
+// waiting, the process has them all.
 constexpr int64_t kSampleNs = 10'000'000;
+constexpr int64_t kMaxWindowNs = 100'000'000;  // a longer gap (idle between jobs) tells nothing
+constexpr double kOwnShare = 0.75;
 std::atomic<int64_t> g_sampled_at{0};
+std::atomic<int64_t> g_cpu_at_sample{0};
 std::atomic<int> g_crowded_samples{0};
+std::atomic<int> g_job_threads{1};  // threads of the latest job (the CPUs this process uses)
 
 void check_contention(bool now = false) {
   if (g_spin_ns <= 0) return;
@@ -96,9 +116,12 @@ void check_contention(bool now = false) {
   int64_t last = g_sampled_at.load(std::memory_order_relaxed);
   if (!now && t - last < kSampleNs) return;
   if (!g_sampled_at.compare_exchange_strong(last, t, std::memory_order_relaxed)) return;
+  const int64_t cpu = process_cpu_ns();
+  const int64_t cpu_before = g_cpu_at_sample.exchange(cpu, std::memory_order_relaxed);
   const int running = runnable_tasks();
   if (running < 0) return;
-  if (running <= g_cpus) {
+  const int64_t own = cpu < 0 || cpu_before <= 0 ? -1 : cpu - cpu_before;
+  if (!pool_crowded_sample(running, g_cpus, own, t - last, g_job_threads.load())) {
     g_crowded_samples.store(0, std::memory_order_relaxed);
   } else if (g_crowded_samples.fetch_add(1, std::memory_order_relaxed) + 1 >= 2) {
     g_no_spin_until.store(t + kBackoffNs, std::memory_order_relaxed);
@@ -189,6 +212,7 @@ struct Pool {
     grow(threads - 1);
     body = &fn;
     job_threads = threads;
+    g_job_threads.store(threads, std::memory_order_relaxed);
     error = nullptr;
     running.store(num_workers, std::memory_order_relaxed);
     generation.fetch_add(1, std::memory_order_seq_cst);
@@ -239,6 +263,14 @@ Pool& pool() {
 double pool_spin_us() { return static_cast<double>(g_spin_ns) / 1000.0; }
 
 bool pool_backing_off() { return now_ns() < g_no_spin_until.load(std::memory_order_relaxed); }
+
+bool pool_crowded_sample(int running, int cpus, int64_t own_cpu_ns, int64_t window_ns,
+                         int job_threads) {
+  if (running <= cpus) return false;
+  if (own_cpu_ns < 0 || window_ns <= 0 || window_ns > kMaxWindowNs) return true;
+  const int used = std::max(1, std::min(cpus, job_threads));
+  return static_cast<double>(own_cpu_ns) < kOwnShare * used * static_cast<double>(window_ns);
+}
 
 void parallel(int threads, const std::function<void(int, int)>& body) {
   if (threads <= 1 || t_in_job) {
