@@ -421,9 +421,9 @@ std::tuple<double, bool> pool_state() {
 }
 
 bool pool_crowded_sample(int64_t running, int64_t cpus, int64_t own_cpu_ns, int64_t window_ns,
-                         int64_t job_threads) {
+                         int64_t pool_threads) {
   return pdcpu::pool_crowded_sample(static_cast<int>(running), static_cast<int>(cpus),
-                                    own_cpu_ns, window_ns, static_cast<int>(job_threads));
+                                    own_cpu_ns, window_ns, static_cast<int>(pool_threads));
 }
 
 }  // namespace
@@ -460,7 +460,7 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("pool_state() -> (float, bool)", &pool_state);
   m.def(
       "pool_crowded_sample(int running, int cpus, int own_cpu_ns, int window_ns, "
-      "int job_threads) -> bool",
+      "int pool_threads) -> bool",
       &pool_crowded_sample);
   m.def("phase_times(bool reset) -> (str[], float[])", &phase_times);
 }

@@ -99,7 +99,7 @@ int64_t process_cpu_ns() {
 // its gRPC threads and the engine in one process, and they wake every step to stream its
 // tokens. Backing off for them made a decode step of 4 requests 1.1-1.4x slower, every wait a
 // wake-up (docs/benchmarks.md, 2026-12-05, eighth session). So a sample is crowded only where
-// this process also got less than kOwnShare of the CPUs its jobs use since the sample before:
+// this process also got less than kOwnShare of the CPUs its pool uses since the sample before:
 // with a busy process beside, two pool threads on two CPUs get 2/3 of them; with its own threads
 // waiting, the process has them all.
 constexpr int64_t kSampleNs = 10'000'000;
@@ -108,7 +108,7 @@ constexpr double kOwnShare = 0.75;
 std::atomic<int64_t> g_sampled_at{0};
 std::atomic<int64_t> g_cpu_at_sample{0};
 std::atomic<int> g_crowded_samples{0};
-std::atomic<int> g_job_threads{1};  // threads of the latest job (the CPUs this process uses)
+std::atomic<int> g_pool_threads{1};  // the pool's threads, caller included: the CPUs its jobs use
 
 void check_contention(bool now = false) {
   if (g_spin_ns <= 0) return;
@@ -121,7 +121,7 @@ void check_contention(bool now = false) {
   const int running = runnable_tasks();
   if (running < 0) return;
   const int64_t own = cpu < 0 || cpu_before <= 0 ? -1 : cpu - cpu_before;
-  if (!pool_crowded_sample(running, g_cpus, own, t - last, g_job_threads.load())) {
+  if (!pool_crowded_sample(running, g_cpus, own, t - last, g_pool_threads.load())) {
     g_crowded_samples.store(0, std::memory_order_relaxed);
   } else if (g_crowded_samples.fetch_add(1, std::memory_order_relaxed) + 1 >= 2) {
     g_no_spin_until.store(t + kBackoffNs, std::memory_order_relaxed);
@@ -212,7 +212,7 @@ struct Pool {
     grow(threads - 1);
     body = &fn;
     job_threads = threads;
-    g_job_threads.store(threads, std::memory_order_relaxed);
+    g_pool_threads.store(num_workers + 1, std::memory_order_relaxed);
     error = nullptr;
     running.store(num_workers, std::memory_order_relaxed);
     generation.fetch_add(1, std::memory_order_seq_cst);
@@ -265,10 +265,10 @@ double pool_spin_us() { return static_cast<double>(g_spin_ns) / 1000.0; }
 bool pool_backing_off() { return now_ns() < g_no_spin_until.load(std::memory_order_relaxed); }
 
 bool pool_crowded_sample(int running, int cpus, int64_t own_cpu_ns, int64_t window_ns,
-                         int job_threads) {
+                         int pool_threads) {
   if (running <= cpus) return false;
   if (own_cpu_ns < 0 || window_ns <= 0 || window_ns > kMaxWindowNs) return true;
-  const int used = std::max(1, std::min(cpus, job_threads));
+  const int used = std::max(1, std::min(cpus, pool_threads));
   return static_cast<double>(own_cpu_ns) < kOwnShare * used * static_cast<double>(window_ns);
 }
 

@@ -74,10 +74,11 @@ double pool_spin_us();
 bool pool_backing_off();
 
 // Whether one contention sample counts as crowded (two in a row turn spinning off for a
-// second): `running` tasks runnable on `cpus` CPUs, and this process, whose jobs run on
-// `job_threads` threads, got less than its share of them over the `window_ns` since the sample
-// before (`own_cpu_ns` of CPU time; -1 or a window out of range: the count alone decides).
+// second): `running` tasks runnable on `cpus` CPUs, and this process, whose pool has
+// `pool_threads` threads (the caller included), got less than its share of them over the
+// `window_ns` since the sample before (`own_cpu_ns` of CPU time; -1 or a window out of range:
+// the count alone decides).
 bool pool_crowded_sample(int running, int cpus, int64_t own_cpu_ns, int64_t window_ns,
-                         int job_threads);
+                         int pool_threads);
 
 }  // namespace pdcpu

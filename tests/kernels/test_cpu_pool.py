@@ -153,7 +153,7 @@ MS = 1_000_000  # ns
 
 
 @pytest.mark.parametrize(
-    ("running", "own_ms", "window_ms", "job_threads", "crowded"),
+    ("running", "own_ms", "window_ms", "pool_threads", "crowded"),
     [
         (2, 5.0, 10.0, 2, False),  # no task waits: never crowded
         (1, 0.0, 10.0, 2, False),
@@ -161,7 +161,7 @@ MS = 1_000_000  # ns
         (4, 15.5, 10.0, 2, False),  # (colocated serving: the router's loop, gRPC threads)
         (3, 13.3, 10.0, 2, True),  # 2/3 of them: a busy process beside, sharing the cores
         (6, 5.0, 10.0, 2, True),
-        (3, 9.0, 10.0, 1, False),  # jobs on one thread: its share is one CPU
+        (3, 9.0, 10.0, 1, False),  # a pool of one thread: its share is one CPU
         (3, 6.0, 10.0, 1, True),
         (3, -1.0, 10.0, 2, True),  # no CPU clock: the count alone decides
         (3, 19.0, 0.0, 2, True),  # no window, or one past an idle gap, tells nothing
@@ -169,11 +169,11 @@ MS = 1_000_000  # ns
     ],
 )
 def test_a_sample_is_crowded_only_when_other_processes_take_the_cores(
-    running, own_ms, window_ms, job_threads, crowded
+    running, own_ms, window_ms, pool_threads, crowded
 ):
     """Two CPUs. Tasks waiting beyond them are taken for other processes' only where this
-    process got less than 3/4 of the CPUs its jobs use since the sample before."""
+    process got less than 3/4 of the CPUs its pool uses since the sample before."""
     ops = cpu_ops()
     own = -1 if own_ms < 0 else int(own_ms * MS)
-    got = ops.pool_crowded_sample(running, 2, own, int(window_ms * MS), job_threads)
+    got = ops.pool_crowded_sample(running, 2, own, int(window_ms * MS), pool_threads)
     assert got is crowded
