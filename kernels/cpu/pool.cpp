@@ -200,11 +200,13 @@ struct Pool {
   }
 
   void grow(int workers) {
+    if (num_workers >= workers) return;
     for (; num_workers < workers; ++num_workers) {
       const int t = num_workers + 1;
       const uint64_t seen = generation.load(std::memory_order_relaxed);
       std::thread([this, t, seen] { worker(t, seen); }).detach();
     }
+    g_pool_threads.store(num_workers + 1, std::memory_order_relaxed);
   }
 
   void run(int threads, const std::function<void(int, int)>& fn) {
@@ -212,7 +214,6 @@ struct Pool {
     grow(threads - 1);
     body = &fn;
     job_threads = threads;
-    g_pool_threads.store(num_workers + 1, std::memory_order_relaxed);
     error = nullptr;
     running.store(num_workers, std::memory_order_relaxed);
     generation.fetch_add(1, std::memory_order_seq_cst);
