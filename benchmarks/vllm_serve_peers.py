@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,9 @@ SERVERS = ("pdserve-colocated", "pdserve", "vllm")
 NAME = "bench-model"
 
 
-def server_command(kind: str, model: str, port: int, vllm_python: str, kv_gib: int) -> list[str]:
+def server_command(
+    kind: str, model: str, port: int, vllm_python: str, kv_gib: int, extra: Sequence[str] = ()
+) -> list[str]:
     if kind == "vllm":
         return [
             vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -54,9 +58,9 @@ def server_command(kind: str, model: str, port: int, vllm_python: str, kv_gib: i
         "--grpc-port", "0", "--served-model-name", NAME,
     ]  # fmt: skip
     if kind == "pdserve-colocated":
-        return [*cmd, "--colocated"]
+        return [*cmd, "--colocated", *extra]
     return [
-        *cmd, "--prefill-port", "0", "--decode-port", "0",
+        *cmd, *extra, "--prefill-port", "0", "--decode-port", "0",
         "--decode-metrics-port", "-1", "--prefill-metrics-port", "-1",
     ]  # fmt: skip
 
@@ -95,7 +99,8 @@ def run_client(a: argparse.Namespace, url: str, model: str, results: str, name: 
 
 def measure(a: argparse.Namespace, kind: str, model: str, results: str) -> dict[str, Any]:
     port = free_port()
-    cmd = server_command(kind, model, port, a.vllm_python, a.kv_cache_gib)
+    extra = () if kind == "vllm" else shlex.split(a.pdserve_args)
+    cmd = server_command(kind, model, port, a.vllm_python, a.kv_cache_gib, extra)
     log = Path(results) / f"{kind}.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
@@ -143,6 +148,11 @@ def main() -> int:
     ap.add_argument("--kv-cache-gib", type=int, default=2)
     ap.add_argument("--ready-timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, help="write the results here (JSON)")
+    ap.add_argument(
+        "--pdserve-args",
+        default="",
+        help="more flags for both pdserve servers, e.g. '--max-num-batched-tokens 512'",
+    )
     a = ap.parse_args()
     kinds = [s.strip() for s in a.servers.split(",") if s.strip()]
     unknown = sorted(set(kinds) - set(SERVERS))

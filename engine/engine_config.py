@@ -59,6 +59,12 @@ class EngineConfig:
     long_prefill_token_threshold: int = opt(
         0, "cap on one request's prefill chunk per step (0: the budget alone)"
     )
+    max_prefill_tokens_with_decodes: int | None = opt(
+        None,
+        "in a step that also decodes, at most this many prompt tokens, so a long prompt stalls "
+        "the streams less (default: 512 on the CPU, the budget alone on a GPU; 0: the budget "
+        "alone)",
+    )
     scheduling_policy: QueuePolicyName = opt(
         "fcfs", "waiting-queue order", choices=get_args(QueuePolicyName)
     )

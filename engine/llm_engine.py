@@ -35,7 +35,7 @@ from engine.request_snapshot import RequestSnapshot
 from engine.resume import ResumeState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.scheduler_config import SchedulerConfig
+from engine.scheduler_config import SchedulerConfig, prefill_tokens_with_decodes
 from engine.scheduler_output import SchedulerOutput
 from engine.tracked_request import TrackedRequest
 
@@ -100,6 +100,9 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            max_prefill_tokens_with_decodes=prefill_tokens_with_decodes(
+                config.max_prefill_tokens_with_decodes, self.device.type
+            ),
             policy=config.scheduling_policy,
             preemption_mode=config.preemption_mode,
             swap_threshold_tokens=config.swap_threshold_tokens,

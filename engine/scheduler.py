@@ -16,6 +16,9 @@ Each step, in order:
    blocks and waits in WAITING_FOR_REMOTE_KV (no compute); one whose KV is exported takes its
    whole prompt's blocks at once.
 
+In a step that also decodes, prefill chunks (steps 1-3 together) take at most
+``max_prefill_tokens_with_decodes`` tokens (``engine.prefill_budget``).
+
 ``update_from_output`` then advances ``num_computed_tokens``, appends sampled tokens, publishes
 newly full blocks to the prefix cache, lists exported blocks that became complete, applies stop
 conditions and frees finished requests (unless the connector still needs their blocks).
@@ -29,8 +32,10 @@ from collections.abc import Mapping, Sequence
 from engine.batching import make_batching_policy
 from engine.block_hash import BlockHash
 from engine.block_manager import BlockManager
+from engine.export_progress import next_save
 from engine.kv_connector.base import KVConnector, KVConnectorOutput, KVSave, NullConnector
 from engine.preemption import make_preemption_policy
+from engine.prefill_budget import PrefillBudget, to_compute
 from engine.request import Request, RequestStatus
 from engine.request_queue import make_queue
 from engine.scheduler_config import SchedulerConfig
@@ -63,6 +68,7 @@ class Scheduler:
         self._batching = make_batching_policy(config.batching)
         self._finished_ids: list[str] = []
         self._saves: list[KVSave] = []
+        self._prefill = PrefillBudget(config)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -157,6 +163,7 @@ class Scheduler:
     # -------------------------------------------------------------------- step
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        self._prefill.start_step(self.running)
         scheduled: dict[str, int] = {}
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
@@ -180,7 +187,9 @@ class Scheduler:
                     [r for r in self.running if not r.is_export] or [request]
                 )
                 j = self.running.index(victim)
-                budget += scheduled.pop(victim.request_id, 0)
+                refund = scheduled.pop(victim.request_id, 0)
+                budget += refund
+                self._prefill.refund(to_compute(victim), refund)
                 self._preempt(victim, swap_out)
                 preempted.append(victim.request_id)
                 if victim is request:
@@ -191,6 +200,7 @@ class Scheduler:
                 continue  # preempted itself; running[i] is now the next request
             scheduled[request.request_id] = num_new
             budget -= num_new
+            self._prefill.charge(to_compute(request), num_new)
             i += 1
 
         # 2. Swapped requests return before anything new is admitted.
@@ -296,7 +306,7 @@ class Scheduler:
         num_new = request.num_tokens - request.num_computed_tokens
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
-        return min(num_new, budget)
+        return min(self._prefill.limit(to_compute(request), num_new), budget)
 
     def _schedule_resumed(self, request: Request, budget: int, scheduled: dict[str, int]) -> int:
         """Give a request that just rejoined the running batch this step's tokens if its
@@ -305,6 +315,7 @@ class Scheduler:
         need = request.num_computed_tokens + num_new
         if num_new and self.block_manager.allocate(request.request_id, need) is not None:
             scheduled[request.request_id] = num_new
+            self._prefill.charge(to_compute(request), num_new)
             return num_new
         return 0
 
@@ -333,10 +344,11 @@ class Scheduler:
         num_new = request.num_tokens - num_computed
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
-        if num_new > budget:
-            if not self.config.enable_chunked_prefill:
+        limit = self._prefill.limit(request.num_tokens - num_computed, budget)
+        if num_new > limit:
+            if not self.config.enable_chunked_prefill or limit == 0:
                 return None
-            num_new = budget
+            num_new = limit
         need = num_computed + num_new
         if request.is_export:
             # The rule that keeps exports safe: the whole prompt's blocks at admission, so the
@@ -346,7 +358,7 @@ class Scheduler:
         if self.block_manager.allocate(request.request_id, need, cached) is None:
             return None
         self._count_hits(request, query, cached, num_computed)
-        request.num_computed_tokens = num_computed
+        self._prefill.charge(request.num_tokens - num_computed, num_new)
         return num_new
 
     def _count_hits(
@@ -360,23 +372,10 @@ class Scheduler:
 
     def _record_save(self, request: Request, token: int | None) -> None:
         """List the exported request's prompt blocks that this step completed."""
-        num_blocks = self.block_manager.num_blocks_for(request.num_prompt_tokens)
-        prompt_done = request.num_computed_tokens >= request.num_prompt_tokens
-        complete = num_blocks if prompt_done else request.num_computed_tokens // self.block_size
-        start = request.num_exported_blocks
-        if complete <= start and not prompt_done:
-            return
         table = self.block_manager.block_table(request.request_id)
-        request.num_exported_blocks = complete
-        self._saves.append(
-            KVSave(
-                request_id=request.request_id,
-                block_indices=tuple(range(start, complete)),
-                block_ids=tuple(table[start:complete]),
-                is_last=prompt_done and token is not None,
-                first_token_id=token if prompt_done else None,
-            )
-        )
+        save = next_save(request, table, self.block_size, token)
+        if save is not None:
+            self._saves.append(save)
 
     def _preempt(self, victim: Request, swap_out: list[tuple[int, int]]) -> None:
         self.running.remove(victim)

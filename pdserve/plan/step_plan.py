@@ -8,7 +8,8 @@ Stage order and rules as in the engine: running oldest first (decode 1 token, pr
 chunk; when blocks run out, preempt the latest arrival, swapping or recomputing it), swapped
 back (only in a step without preemption, only with room for their next tokens), prefilled
 elsewhere (REMOTE), then waiting (prefix hits skipped, chunked to the budget; an EXPORT
-request takes its whole prompt's blocks at admission).
+request takes its whole prompt's blocks at admission). In a step that also decodes, the prefill
+chunks together take at most ``max_prefill_tokens_with_decodes`` tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pdserve.plan.step_shape import StepShape
 
 if TYPE_CHECKING:
     from pdserve.plan.engine_model import EngineModel
+    from pdserve.plan.worker_settings import WorkerSettings
 
 
 def admission(w: EngineModel, seq: Seq, budget: int) -> tuple[int, int, int] | None:
@@ -35,7 +37,7 @@ def admission(w: EngineModel, seq: Seq, budget: int) -> tuple[int, int, int] | N
     if s.long_prefill_token_threshold:
         q = min(q, s.long_prefill_token_threshold)
     if q > budget:
-        if not s.enable_chunked_prefill:
+        if not s.enable_chunked_prefill or budget <= 0:
             return None
         q = budget
     need = computed + q
@@ -82,9 +84,19 @@ def preempt(w: EngineModel, victim: Seq, num_scheduled: int = 0) -> int:
     return 0
 
 
+def prefill_cap(s: WorkerSettings, decodes: bool) -> int:
+    """Prefill tokens a step may take (``engine.prefill_budget``): the cap when it decodes."""
+    cap = s.max_prefill_tokens_with_decodes
+    if decodes and cap > 0 and s.enable_chunked_prefill:
+        return min(cap, s.max_num_batched_tokens)
+    return s.max_num_batched_tokens
+
+
 def plan_exact(w: EngineModel) -> float | None:
     s, pool = w.settings, w.pool
     budget = s.max_num_batched_tokens
+    # A request one token behind decodes (the engine counts a prompt's last token so too).
+    left = prefill_cap(s, bool(w.ready) or any(_remaining(w, r) <= 1 for r in w.running))
     qs: dict[Seq, int] = {}
     preempted = False
     swapped_blocks = 0
@@ -95,13 +107,14 @@ def plan_exact(w: EngineModel) -> float | None:
     while i < len(order) and budget > 0:
         seq = order[i]
         c = w.computed_of(seq)
+        prefill = _remaining(w, seq) > 1
         if seq.is_decoding:
             q = 1
         else:
             q = seq.num_tokens - c
             if s.long_prefill_token_threshold:
                 q = min(q, s.long_prefill_token_threshold)
-        q = min(q, budget)
+        q = min(q, budget, left) if prefill else min(q, budget)
         if q <= 0:
             i += 1
             continue
@@ -113,6 +126,8 @@ def plan_exact(w: EngineModel) -> float | None:
             j = order.index(victim)
             scheduled = qs.pop(victim, 0)
             budget += scheduled
+            if _remaining(w, victim) > 1:
+                left += scheduled
             swapped_blocks += preempt(w, victim, scheduled)
             order.pop(j)
             preempted = True
@@ -128,13 +143,15 @@ def plan_exact(w: EngineModel) -> float | None:
             seq.num_blocks += need
         qs[seq] = q
         budget -= q
+        left -= q if prefill else 0
         i += 1
 
     # 2. Swapped requests come back before anything new.
     if not preempted:
         while w.swapped and len(order) < s.max_num_seqs:
             seq = w.swapped[0]
-            q = min(seq.num_tokens - seq.computed, budget)
+            rest = seq.num_tokens - seq.computed
+            q = min(rest, budget, left) if rest > 1 else min(rest, budget)
             need = pool.blocks_for(seq.computed + q)
             extra = max(0, need - seq.host_blocks)
             if pool.num_free < seq.host_blocks + extra:
@@ -149,24 +166,27 @@ def plan_exact(w: EngineModel) -> float | None:
                 seq.num_blocks = max(need, seq.num_blocks)
                 qs[seq] = q
                 budget -= q
+                left -= q if rest > 1 else 0
 
     # 2b. Requests prefilled elsewhere.
     if not preempted:
         while w.ready and len(order) < s.max_num_seqs:
             seq = w.ready.popleft()
             _join(w, order, seq)
-            q = min(seq.num_tokens - seq.computed, budget)
+            rest = seq.num_tokens - seq.computed
+            q = min(rest, budget, left) if rest > 1 else min(rest, budget)
             need = max(0, pool.blocks_for(seq.computed + q) - seq.num_blocks)
             if q and pool.allocate(need):
                 seq.num_blocks += need
                 qs[seq] = q
                 budget -= q
+                left -= q if rest > 1 else 0
 
     # 3. New (or recompute-preempted) requests.
     if not preempted and not w.swapped:
         while w.waiting and budget > 0 and len(order) < s.max_num_seqs:
             seq = w.waiting[0]
-            plan = admission(w, seq, budget)
+            plan = admission(w, seq, min(budget, left))
             if plan is None:
                 break
             hit, q, private = plan
@@ -187,6 +207,7 @@ def plan_exact(w: EngineModel) -> float | None:
             _join(w, order, seq)
             qs[seq] = q
             budget -= q
+            left -= q
 
     w.skipped = []
     if budget <= 0:  # decoding requests the budget did not reach keep their token for later
@@ -195,6 +216,11 @@ def plan_exact(w: EngineModel) -> float | None:
     if not qs and not swapped_blocks:
         return None
     return w.cost.seconds(_shape(w, w.chunks)) + w.swap.seconds(swapped_blocks)
+
+
+def _remaining(w: EngineModel, seq: Seq) -> int:
+    """Tokens ``seq`` has left to compute (1: it decodes)."""
+    return 1 if seq.is_decoding else seq.num_tokens - w.computed_of(seq)
 
 
 def _join(w: EngineModel, order: list[Seq], seq: Seq) -> None:

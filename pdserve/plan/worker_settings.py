@@ -15,6 +15,9 @@ class WorkerSettings:
     max_num_batched_tokens: int = 2048  # --max-num-batched-tokens (the step's token budget)
     enable_chunked_prefill: bool = True  # --no-chunked-prefill turns it off
     long_prefill_token_threshold: int = 0  # cap on one request's chunk per step (0 = none)
+    # --max-prefill-tokens-with-decodes: prefill tokens in a step that also decodes (0 = the
+    # budget alone); the engine's default on the CPU, where the profiles are measured
+    max_prefill_tokens_with_decodes: int = 512
     preemption_mode: PreemptionMode = "auto"  # --preemption-mode
     swap_threshold_tokens: int = 256  # auto: swap contexts at least this long
     num_kv_blocks: int | None = None  # --num-kv-blocks (None = the profile's kv.num_blocks)
@@ -29,7 +32,8 @@ class WorkerSettings:
             raise ValueError(
                 f"preemption_mode must be auto, swap or recompute, got {self.preemption_mode!r}"
             )
-        if self.long_prefill_token_threshold < 0 or self.swap_threshold_tokens < 0:
+        if min(self.long_prefill_token_threshold, self.swap_threshold_tokens,
+               self.max_prefill_tokens_with_decodes) < 0:  # fmt: skip
             raise ValueError("thresholds must not be negative")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be at least 1")
