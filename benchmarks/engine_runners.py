@@ -90,7 +90,9 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
 
     # Unset options keep the engine's own defaults.
     kwargs: dict[str, Any] = {"dtype": options.get("dtype") or "float32"}
-    for key in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "skip_tokenizer_init"):
+    keys = ("max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens_with_decodes",
+            "num_kv_blocks", "skip_tokenizer_init")  # fmt: skip
+    for key in keys:
         if options.get(key) is not None:
             kwargs[key] = options[key]
     llm = LLM(model=model, **kwargs)

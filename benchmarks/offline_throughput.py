@@ -122,6 +122,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument(
         "--pdserve-max-num-batched-tokens", type=int, default=None, help="default: pdserve's"
     )
+    g.add_argument(
+        "--pdserve-max-prefill-tokens-with-decodes", type=int, default=None,
+        help="default: the offline LLM's (0: prefill chunks take the whole budget)",
+    )  # fmt: skip
     g.add_argument("--pdserve-num-kv-blocks", type=int, default=None, help="default: pdserve's")
     g.add_argument("--pdserve-dtype", default="float32", help="pdserve engines' dtype")
     g.add_argument(
@@ -162,6 +166,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     pdserve = {
         "max_num_seqs": args.pdserve_max_num_seqs,
         "max_num_batched_tokens": args.pdserve_max_num_batched_tokens,
+        "max_prefill_tokens_with_decodes": args.pdserve_max_prefill_tokens_with_decodes,
         "num_kv_blocks": args.pdserve_num_kv_blocks,
         "skip_tokenizer_init": args.pdserve_skip_tokenizer_init or None,
         "dtype": args.pdserve_dtype,

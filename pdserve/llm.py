@@ -14,9 +14,15 @@ PromptType = str | dict[str, Any] | Sequence[int]
 
 
 class LLM:
-    """``LLM(model=None, **engine_options)``; options are ``EngineConfig`` fields."""
+    """``LLM(model=None, **engine_options)``; options are ``EngineConfig`` fields.
+
+    Offline, nobody watches a stream between tokens, so prefill chunks beside decodes get the
+    whole step budget unless ``max_prefill_tokens_with_decodes`` is given (a server caps them
+    on the CPU; vLLM, too, gives its offline ``LLM`` a larger budget than its server). On the
+    issue-18 workload the cap cost 1-3% of offline throughput (docs/benchmarks.md)."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
+        options.setdefault("max_prefill_tokens_with_decodes", 0)
         self.engine = LLMEngine(EngineConfig(model=model, **options))
 
     @property

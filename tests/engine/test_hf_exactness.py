@@ -10,6 +10,7 @@ import pytest
 
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.scheduler_output import SchedulerOutput
 from tests.conftest import TINY_ARCHS
 from tests.engine.engine_utils import assert_pool_free, greedy, random_prompts, run_to_completion
 from tests.hf_oracle import hf_greedy
@@ -204,3 +205,42 @@ def test_static_batching_matches_hf(tiny_model: Path) -> None:
     outs = run_to_completion(engine)
     check_against_hf(tiny_model, prompts, lengths, outs)
     assert_pool_free(engine)
+
+
+def test_prompts_prefilled_under_the_cap_beside_decodes(tiny_model: Path) -> None:
+    """Prompts that arrive while others decode prefill at most 10 tokens a step beside them
+    (``max_prefill_tokens_with_decodes``), and every stream is still HF's."""
+    engine = make_engine(tiny_model, max_prefill_tokens_with_decodes=10)
+    prompts = random_prompts(5, engine.model_config.vocab_size, 20, 60, seed=4)
+    lengths = [24, 12, 16, 8, 10]
+    steps: list[SchedulerOutput] = []
+    schedule = engine.scheduler.schedule
+
+    def recorded() -> SchedulerOutput:  # the real schedule, its outputs kept
+        out = schedule()
+        steps.append(out)
+        return out
+
+    engine.scheduler.schedule = recorded  # type: ignore[method-assign]
+    final = {}
+    for n in range(10_000):
+        if n % 3 == 0 and n // 3 < len(prompts):  # one more every third step
+            i = n // 3
+            engine.add_request(
+                f"r{i}", prompt_token_ids=prompts[i], sampling_params=greedy(lengths[i])
+            )
+        elif n // 3 >= len(prompts) and not engine.has_unfinished_requests():
+            break
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    check_against_hf(tiny_model, prompts, lengths, final)
+    assert_pool_free(engine)
+    beside = [
+        sum(x.num_scheduled_tokens for x in out.scheduled if x.num_scheduled_tokens > 1)
+        for out in steps
+        if any(
+            x.num_scheduled_tokens == 1
+            and x.num_computed_tokens >= len(prompts[int(x.request_id[1:])])
+            for x in out.scheduled
+        )
+    ]
+    assert beside and max(beside) == 10, beside  # prompts were cut to the cap beside decodes
