@@ -28,6 +28,7 @@ def random_config(seed: int) -> tuple[dict[str, Any], Profile]:
         "num_host_blocks": rng.choice([0, 40, 400]),
         "preemption_mode": rng.choice(["auto", "swap", "recompute"]),
         "swap_threshold_tokens": rng.choice([0, 256]),
+        "max_prefill_tokens_with_decodes": rng.choice([0, 24, 512]),
     }
     cluster: dict[str, Any] = {"profile": "test-cpu"}
     tables: dict[str, dict[str, Any]] = {}
