@@ -5,6 +5,8 @@ nothing to decode takes the whole budget, and the cap gives way where it would s
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from engine.prefill_budget import PrefillBudget, to_compute
@@ -62,7 +64,7 @@ def test_prefill_tokens_are_charged_and_refunded_decodes_are_not() -> None:
     [dict(enable_chunked_prefill=False, max_model_len=64), dict(batching="static")],
     ids=["chunked prefill off", "static batching"],
 )
-def test_the_cap_gives_way_where_a_prompt_could_not_be_chunked(extra: dict[str, object]) -> None:
+def test_the_cap_gives_way_where_a_prompt_could_not_be_chunked(extra: dict[str, Any]) -> None:
     s = make(num_blocks=128, max_num_batched_tokens=64, max_prefill_tokens_with_decodes=10,
              **extra)  # fmt: skip
     s.add_request(req("d", 4, max_tokens=20, t=0, first=10))
