@@ -53,7 +53,9 @@ engine = LLMEngine(EngineConfig(model=model, dtype="float32"))
 if touched:
     engine.kv_cache.pool.zero_()
 rng = random.Random(0)
-params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 8, ignore_eos=True)
+# Room for the tokens early requests decode while later prompts prefill beside them (in 512-token
+# chunks since the servers' prefill cap, 3-4x more steps than the whole budget took).
+params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 200, ignore_eos=True)
 for i in range(seqs):
     prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(lo, hi))]
     engine.add_request(f"r{{i}}", prompt_token_ids=prompt, sampling_params=params)

@@ -80,6 +80,14 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
       c1[r] = load(tmp + W);
     }
   }
+  // Rows in groups of three from one pointer each (x[g], x[g] + ldx, x[g] + 2 ldx: a base and
+  // a scaled index), the pointers stepping with k: twelve rows in five general registers.
+  // With a register per row the compiler spilled row offsets into vector registers and moved
+  // them back every k, on the FMA ports.
+  constexpr int G = (R + 2) / 3;
+  const float* xg[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) xg[g] = x + 3 * g * ldx;
   for (int k = 0; k < kc; ++k) {
     if (pf_lines > kc) {
       prefetch_l2(pf + 2 * k * 64);
@@ -91,10 +99,12 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
     load_row(panel + k * NB, w0, w1);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const vf xv = splat(x[r * ldx + k]);
+      const vf xv = splat(xg[r / 3][(r % 3) * ldx]);
       c0[r] += xv * w0;
       c1[r] += xv * w1;
     }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) ++xg[g];
   }
   if (nvalid == NB) {
 #pragma GCC unroll 12
