@@ -19,7 +19,7 @@ class LLM:
     Offline, nobody watches a stream between tokens, so prefill chunks beside decodes get the
     whole step budget unless ``max_prefill_tokens_with_decodes`` is given (a server caps them
     on the CPU; vLLM, too, gives its offline ``LLM`` a larger budget than its server). On the
-    issue-18 workload the cap cost 1-3% of offline throughput (docs/benchmarks.md)."""
+    issue-18 workload the cap cost 2-4% of offline throughput (docs/benchmarks.md)."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
         options.setdefault("max_prefill_tokens_with_decodes", 0)
