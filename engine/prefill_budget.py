@@ -4,7 +4,8 @@ decodes, ``SchedulerConfig.max_prefill_tokens_with_decodes``.
 A decoding request's next token waits for the whole step, so a step that prefills a long chunk
 is a stall in every stream it carries (Sarathi-Serve's "stall-free batching" bounds the chunk for
 the same reason). A step with nothing to decode still takes the whole budget, so a burst of new
-prompts prefills at full size.
+prompts prefills at full size. Plain integers: the planner's simulated scheduler
+(``pdserve/plan/step_plan.py``) runs the same rule.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from engine.request import Request
-from engine.scheduler_config import SchedulerConfig
 
 
 def to_compute(request: Request) -> int:
@@ -21,20 +21,23 @@ def to_compute(request: Request) -> int:
     return request.num_tokens - request.num_computed_tokens
 
 
-class PrefillBudget:
-    def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.left = config.max_num_batched_tokens
+def any_decoding(running: Iterable[Request]) -> bool:
+    """Whether some running request decodes (a prompt's last token counts so too)."""
+    return any(to_compute(r) <= 1 for r in running)
 
-    def start_step(self, running: Iterable[Request]) -> None:
-        """Reset for a new step over the running batch as it stands."""
-        c = self.config
-        cap = c.max_prefill_tokens_with_decodes
-        capped = cap > 0 and c.enable_chunked_prefill and c.batching == "continuous"
-        if capped and any(to_compute(r) <= 1 for r in running):
-            self.left = min(cap, c.max_num_batched_tokens)
-        else:
-            self.left = c.max_num_batched_tokens
+
+class PrefillBudget:
+    """``budget``: the step's token budget; ``cap``: prefill tokens in a step that decodes (0:
+    none beyond the budget; the caller passes 0 where a prompt must go whole)."""
+
+    def __init__(self, budget: int, cap: int) -> None:
+        self.budget = budget
+        self.cap = cap
+        self.left = budget
+
+    def start_step(self, decodes: bool) -> None:
+        """Reset for a new step; ``decodes``: some request in it decodes."""
+        self.left = min(self.cap, self.budget) if decodes and self.cap > 0 else self.budget
 
     def limit(self, remaining: int, num_new: int) -> int:
         """``num_new`` tokens for a request with ``remaining`` to compute, cut to what prefill

@@ -35,7 +35,7 @@ from engine.block_manager import BlockManager
 from engine.export_progress import next_save
 from engine.kv_connector.base import KVConnector, KVConnectorOutput, KVSave, NullConnector
 from engine.preemption import make_preemption_policy
-from engine.prefill_budget import PrefillBudget, to_compute
+from engine.prefill_budget import PrefillBudget, any_decoding, to_compute
 from engine.request import Request, RequestStatus
 from engine.request_queue import make_queue
 from engine.scheduler_config import SchedulerConfig
@@ -68,7 +68,11 @@ class Scheduler:
         self._batching = make_batching_policy(config.batching)
         self._finished_ids: list[str] = []
         self._saves: list[KVSave] = []
-        self._prefill = PrefillBudget(config)
+        capped = config.enable_chunked_prefill and config.batching == "continuous"
+        self._prefill = PrefillBudget(
+            config.max_num_batched_tokens,
+            config.max_prefill_tokens_with_decodes if capped else 0,
+        )
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -163,7 +167,7 @@ class Scheduler:
     # -------------------------------------------------------------------- step
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        self._prefill.start_step(self.running)
+        self._prefill.start_step(any_decoding(self.running))
         scheduled: dict[str, int] = {}
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
@@ -303,10 +307,10 @@ class Scheduler:
         return len(self.running) + len(self.waiting_for_remote_kv)
 
     def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
+        num_new = remaining = to_compute(request)
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
-        return min(self._prefill.limit(to_compute(request), num_new), budget)
+        return min(self._prefill.limit(remaining, num_new), budget)
 
     def _schedule_resumed(self, request: Request, budget: int, scheduled: dict[str, int]) -> int:
         """Give a request that just rejoined the running batch this step's tokens if its
@@ -341,10 +345,10 @@ class Scheduler:
             if is_async:
                 request.status = RequestStatus.WAITING_FOR_REMOTE_KV
             return 0
-        num_new = request.num_tokens - num_computed
+        num_new = remaining = request.num_tokens - num_computed
         if self.config.long_prefill_token_threshold > 0:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
-        limit = self._prefill.limit(request.num_tokens - num_computed, budget)
+        limit = self._prefill.limit(remaining, budget)
         if num_new > limit:
             if not self.config.enable_chunked_prefill or limit == 0:
                 return None
@@ -358,7 +362,7 @@ class Scheduler:
         if self.block_manager.allocate(request.request_id, need, cached) is None:
             return None
         self._count_hits(request, query, cached, num_computed)
-        self._prefill.charge(request.num_tokens - num_computed, num_new)
+        self._prefill.charge(remaining, num_new)
         return num_new
 
     def _count_hits(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.plan.decode_run import DecodeRun
 from pdserve.plan.seq import Seq
-from pdserve.plan.step_plan import admission, prefill_cap
+from pdserve.plan.step_plan import admission, prefill_budget
 
 if TYPE_CHECKING:
     from pdserve.plan.engine_model import EngineModel
@@ -65,7 +65,7 @@ def _can_admit_head(w: EngineModel, num_decode_tokens: int) -> bool:
     s = w.settings
     if len(w.running) >= s.max_num_seqs or num_decode_tokens >= s.max_num_batched_tokens:
         return False
-    budget = min(s.max_num_batched_tokens - num_decode_tokens, prefill_cap(s, decodes=True))
+    budget = min(s.max_num_batched_tokens - num_decode_tokens, prefill_budget(s, True).left)
     plan = admission(w, w.waiting[0], budget)
     return plan is not None and plan[2] + w.extra_blocks(1) <= w.pool.num_free
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.prefill_budget import PrefillBudget
 from pdserve.plan.seq import EXPORT, Seq
 from pdserve.plan.step_shape import StepShape
 
@@ -84,19 +85,19 @@ def preempt(w: EngineModel, victim: Seq, num_scheduled: int = 0) -> int:
     return 0
 
 
-def prefill_cap(s: WorkerSettings, decodes: bool) -> int:
-    """Prefill tokens a step may take (``engine.prefill_budget``): the cap when it decodes."""
-    cap = s.max_prefill_tokens_with_decodes
-    if decodes and cap > 0 and s.enable_chunked_prefill:
-        return min(cap, s.max_num_batched_tokens)
-    return s.max_num_batched_tokens
+def prefill_budget(s: WorkerSettings, decodes: bool) -> PrefillBudget:
+    """The engine's prefill tokens for a step (``engine.prefill_budget``)."""
+    cap = s.max_prefill_tokens_with_decodes if s.enable_chunked_prefill else 0
+    budget = PrefillBudget(s.max_num_batched_tokens, cap)
+    budget.start_step(decodes)
+    return budget
 
 
 def plan_exact(w: EngineModel) -> float | None:
     s, pool = w.settings, w.pool
     budget = s.max_num_batched_tokens
     # A request one token behind decodes (the engine counts a prompt's last token so too).
-    left = prefill_cap(s, bool(w.ready) or any(_remaining(w, r) <= 1 for r in w.running))
+    prefill = prefill_budget(s, bool(w.ready) or any(_remaining(w, r) <= 1 for r in w.running))
     qs: dict[Seq, int] = {}
     preempted = False
     swapped_blocks = 0
@@ -107,14 +108,11 @@ def plan_exact(w: EngineModel) -> float | None:
     while i < len(order) and budget > 0:
         seq = order[i]
         c = w.computed_of(seq)
-        prefill = _remaining(w, seq) > 1
-        if seq.is_decoding:
-            q = 1
-        else:
-            q = seq.num_tokens - c
-            if s.long_prefill_token_threshold:
-                q = min(q, s.long_prefill_token_threshold)
-        q = min(q, budget, left) if prefill else min(q, budget)
+        rest = _remaining(w, seq)
+        q = rest
+        if not seq.is_decoding and s.long_prefill_token_threshold:
+            q = min(q, s.long_prefill_token_threshold)
+        q = min(prefill.limit(rest, q), budget)
         if q <= 0:
             i += 1
             continue
@@ -126,8 +124,7 @@ def plan_exact(w: EngineModel) -> float | None:
             j = order.index(victim)
             scheduled = qs.pop(victim, 0)
             budget += scheduled
-            if _remaining(w, victim) > 1:
-                left += scheduled
+            prefill.refund(_remaining(w, victim), scheduled)
             swapped_blocks += preempt(w, victim, scheduled)
             order.pop(j)
             preempted = True
@@ -143,7 +140,7 @@ def plan_exact(w: EngineModel) -> float | None:
             seq.num_blocks += need
         qs[seq] = q
         budget -= q
-        left -= q if prefill else 0
+        prefill.charge(rest, q)
         i += 1
 
     # 2. Swapped requests come back before anything new.
@@ -151,7 +148,7 @@ def plan_exact(w: EngineModel) -> float | None:
         while w.swapped and len(order) < s.max_num_seqs:
             seq = w.swapped[0]
             rest = seq.num_tokens - seq.computed
-            q = min(rest, budget, left) if rest > 1 else min(rest, budget)
+            q = min(prefill.limit(rest, rest), budget)
             need = pool.blocks_for(seq.computed + q)
             extra = max(0, need - seq.host_blocks)
             if pool.num_free < seq.host_blocks + extra:
@@ -166,7 +163,7 @@ def plan_exact(w: EngineModel) -> float | None:
                 seq.num_blocks = max(need, seq.num_blocks)
                 qs[seq] = q
                 budget -= q
-                left -= q if rest > 1 else 0
+                prefill.charge(rest, q)
 
     # 2b. Requests prefilled elsewhere.
     if not preempted:
@@ -174,19 +171,19 @@ def plan_exact(w: EngineModel) -> float | None:
             seq = w.ready.popleft()
             _join(w, order, seq)
             rest = seq.num_tokens - seq.computed
-            q = min(rest, budget, left) if rest > 1 else min(rest, budget)
+            q = min(prefill.limit(rest, rest), budget)
             need = max(0, pool.blocks_for(seq.computed + q) - seq.num_blocks)
             if q and pool.allocate(need):
                 seq.num_blocks += need
                 qs[seq] = q
                 budget -= q
-                left -= q if rest > 1 else 0
+                prefill.charge(rest, q)
 
     # 3. New (or recompute-preempted) requests.
     if not preempted and not w.swapped:
         while w.waiting and budget > 0 and len(order) < s.max_num_seqs:
             seq = w.waiting[0]
-            plan = admission(w, seq, min(budget, left))
+            plan = admission(w, seq, min(budget, prefill.left))
             if plan is None:
                 break
             hit, q, private = plan
@@ -207,7 +204,7 @@ def plan_exact(w: EngineModel) -> float | None:
             _join(w, order, seq)
             qs[seq] = q
             budget -= q
-            left -= q
+            prefill.left -= q
 
     w.skipped = []
     if budget <= 0:  # decoding requests the budget did not reach keep their token for later

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.scheduler_config import CPU_PREFILL_TOKENS_WITH_DECODES
+
 PreemptionMode = Literal["auto", "swap", "recompute"]
 
 
@@ -17,7 +19,7 @@ class WorkerSettings:
     long_prefill_token_threshold: int = 0  # cap on one request's chunk per step (0 = none)
     # --max-prefill-tokens-with-decodes: prefill tokens in a step that also decodes (0 = the
     # budget alone); the engine's default on the CPU, where the profiles are measured
-    max_prefill_tokens_with_decodes: int = 512
+    max_prefill_tokens_with_decodes: int = CPU_PREFILL_TOKENS_WITH_DECODES
     preemption_mode: PreemptionMode = "auto"  # --preemption-mode
     swap_threshold_tokens: int = 256  # auto: swap contexts at least this long
     num_kv_blocks: int | None = None  # --num-kv-blocks (None = the profile's kv.num_blocks)

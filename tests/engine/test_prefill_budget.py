@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.prefill_budget import PrefillBudget, to_compute
+from engine.prefill_budget import PrefillBudget, any_decoding, to_compute
 from engine.scheduler_config import (
     CPU_PREFILL_TOKENS_WITH_DECODES,
     SchedulerConfig,
@@ -42,13 +42,12 @@ def test_a_step_with_nothing_to_decode_takes_the_whole_budget() -> None:
 
 
 def test_prefill_tokens_are_charged_and_refunded_decodes_are_not() -> None:
-    budget = PrefillBudget(SchedulerConfig(max_num_batched_tokens=64,
-                                           max_prefill_tokens_with_decodes=10))  # fmt: skip
+    budget = PrefillBudget(64, 10)
     prompt, decoding = req("p", 30), req("d", 4)
     decoding.num_computed_tokens = 3  # one token behind
-    budget.start_step([prompt])
+    budget.start_step(any_decoding([prompt]))
     assert budget.left == 64  # nothing decodes
-    budget.start_step([prompt, decoding])
+    budget.start_step(any_decoding([prompt, decoding]))
     assert budget.left == 10
     assert budget.limit(to_compute(prompt), 30) == 10
     assert budget.limit(to_compute(decoding), 1) == 1
