@@ -32,8 +32,16 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("ops.cpp", "attention.cpp", "gemm.cpp", "elementwise.cpp", "argmax.cpp", "pool.cpp")
-HEADERS = ("kernels.h", "vec.h", "pool.h", "phase_timers.h")
+SOURCES = (
+    "ops.cpp",
+    "decoder_layers.cpp",
+    "attention.cpp",
+    "gemm.cpp",
+    "elementwise.cpp",
+    "argmax.cpp",
+    "pool.cpp",
+)
+HEADERS = ("kernels.h", "vec.h", "pool.h", "phase_timers.h", "tensor_args.h")
 ISA_FLAGS: dict[str, list[str]] = {
     "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],

@@ -96,15 +96,22 @@ def test_float32_runs_each_layer_as_one_call(model_factory: Any, arch: str, fuse
     assert engine.runner.model.fused_layers is fused
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+# An MLP width that is not a multiple of the GEMM's panel width: gate_up then SiLU·mul apart.
+FUSED_SHAPES = {
+    **{arch: TINY_ARCHS[arch] for arch in ("llama", "qwen2", "mistral")},
+    "llama-mlp-120": dict(architecture="llama", intermediate_size=120),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_SHAPES))
 def test_fused_layers_match_bit_for_bit(
-    model_factory: Any, monkeypatch: pytest.MonkeyPatch, arch: str
+    model_factory: Any, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """The fused layers run the same kernels in the same order: every step's hidden states
     are bit-identical to the per-kernel Python layer's, through chunked prefill (mixed
     prefill + decode steps), prefix-cache hits and a sliding window; and the tokens are HF's."""
     cpu_ops()
-    folder = model_factory(arch, **TINY_ARCHS[arch])
+    folder = model_factory(name, **FUSED_SHAPES[name])
     prompts = random_prompts(5, 256, 10, 60, seed=33)
     prompts.append(prompts[0][:40] + [7, 8, 9])  # a prefix-cache hit on a cached prompt
     lengths = [20, 9, 31, 14, 6, 12]
@@ -162,3 +169,34 @@ def test_fused_layers_refuse_lists_of_different_lengths(model_factory: Any) -> N
             torch.tensor([0, 1], dtype=i32), torch.tensor([1], dtype=i32), 1, short.scale,
             [0] * len(caches),
         )  # fmt: skip
+
+
+def test_fused_layers_check_every_layer_before_running_any(model_factory: Any) -> None:
+    """A bad argument of the last layer (its o projection packed for another shape) is an
+    error naming it, raised before the first layer runs: x and every cache are untouched."""
+    ops = cpu_ops()
+    engine = make_engine(model_factory("llama", **TINY_ARCHS["llama"]))
+    model = engine.runner.model
+    stack = model._fused
+    assert stack is not None and len(stack.o) >= 2
+    bad = dataclasses.replace(stack, o=[*stack.o[:-1], stack.qkv[-1]])
+    x = torch.randn(1, model.config.hidden_size)
+    x_before = x.clone()
+    rotary = model.rotary.for_step(torch.zeros(1, dtype=torch.long), x.dtype, model.kernels)
+    caches = engine.kv_cache.layer_caches
+    caches_before = [(k.clone(), v.clone()) for k, v in caches]
+    i32 = torch.int32
+    with pytest.raises(RuntimeError, match=r"decoder_layers \(o\)"):
+        ops.decoder_layers(
+            x, bad.input_norms, bad.post_norms, bad.eps, bad.qkv, bad.qkv_bias,
+            bad.o, bad.o_bias, bad.gate_up, bad.down, bad.num_heads,
+            bad.num_kv_heads, bad.head_dim, bad.intermediate, rotary.cos, rotary.sin,
+            rotary.positions, [k for k, _ in caches], [v for _, v in caches],
+            torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=i32),
+            torch.tensor([0, 1], dtype=i32), torch.tensor([1], dtype=i32), 1, bad.scale,
+            [0] * len(caches),
+        )  # fmt: skip
+    assert torch.equal(x, x_before)
+    for (k, v), (k0, v0) in zip(caches, caches_before, strict=True):
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+    assert_pool_free(engine)
