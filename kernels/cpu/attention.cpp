@@ -237,23 +237,30 @@ void pv_heads(const float* P, int ld, int heads, int per_head, int nk, const flo
   }
 }
 
+// A thread's buffers for its items, kept from call to call (thread_scratch): a call per layer
+// that allocated and zero-filled ~45 KB of them per thread did so on memory the GEMMs' weight
+// streams had evicted in between. Every item initialises what it reads.
 struct Scratch {
   std::vector<float> q, o, s, k, v, m, l, corr, flo, fhi;
   std::vector<int> lo, hi;
-  Scratch(int d, int ld, int block_size)
-      : q(kMaxTileRows * d),
-        o(kMaxTileRows * d),
-        s(kMaxTileRows * std::max(ld, block_size + 4)),
-        k(block_size * d),
-        v(block_size * d),
-        m(kMaxTileRows),
-        l(kMaxTileRows),
-        corr(kMaxTileRows),
-        flo(kMaxTileRows),
-        fhi(kMaxTileRows),
-        lo(kMaxTileRows),
-        hi(kMaxTileRows) {}
+  // Room for items of head size d, score rows of ld and blocks of block_size (grows only).
+  void fit(int d, int ld, int block_size) {
+    const auto grow = [](auto& buffer, size_t size) {
+      if (buffer.size() < size) buffer.resize(size);
+    };
+    for (auto* b : {&q, &o}) grow(*b, static_cast<size_t>(kMaxTileRows) * d);
+    grow(s, static_cast<size_t>(kMaxTileRows) * std::max(ld, block_size + 4));
+    for (auto* b : {&k, &v}) grow(*b, static_cast<size_t>(block_size) * d);
+    for (auto* b : {&m, &l, &corr, &flo, &fhi}) grow(*b, kMaxTileRows);
+    for (auto* b : {&lo, &hi}) grow(*b, kMaxTileRows);
+  }
 };
+
+Scratch& thread_scratch(int d, int ld, int block_size) {
+  thread_local Scratch scratch;
+  scratch.fit(d, ld, block_size);
+  return scratch;
+}
 
 // Touch the first `bytes` bytes of `n` rows, `stride` elements apart.
 template <typename T>
@@ -822,7 +829,7 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   const int threads = std::max(1, std::min(a.num_threads, n));
   SplitClaim queue(n, 1);  // one range: items in order (longest first) to whoever is free
   parallel(threads, [&](int, int) {
-    Scratch sc(a.head_dim, ld, a.block_size);
+    Scratch& sc = thread_scratch(a.head_dim, ld, a.block_size);
     // A thread prefetches the first block of the item it claimed next while it runs the
     // current one: within an item every block is prefetched while the one before it is worked
     // on, and this covers the first one too.
