@@ -146,35 +146,39 @@ def test_fused_layers_match_bit_for_bit(
     check_against_hf(folder, prompts, lengths, fused_outs)
 
 
+def _one_token_step(engine: LLMEngine, stack: Any, x: torch.Tensor) -> Any:
+    """``decoder_layers`` over ``stack``'s lists for one token at position 0 (slot 0, one
+    request of one token)."""
+    model = engine.runner.model
+    rotary = model.rotary.for_step(torch.zeros(1, dtype=torch.long), x.dtype, model.kernels)
+    caches = engine.kv_cache.layer_caches
+    i32 = torch.int32
+    return cpu_ops().decoder_layers(
+        x, stack.input_norms, stack.post_norms, stack.eps, stack.qkv, stack.qkv_bias,
+        stack.o, stack.o_bias, stack.gate_up, stack.down, stack.num_heads,
+        stack.num_kv_heads, stack.head_dim, stack.intermediate, rotary.cos, rotary.sin,
+        rotary.positions, [k for k, _ in caches], [v for _, v in caches],
+        torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=i32),
+        torch.tensor([0, 1], dtype=i32), torch.tensor([1], dtype=i32), 1, stack.scale,
+        [0] * len(caches),
+    )  # fmt: skip
+
+
 def test_fused_layers_refuse_lists_of_different_lengths(model_factory: Any) -> None:
     """``decoder_layers`` takes one entry per layer in every list; a short one is an error
     naming the problem, not a read past its end."""
-    ops = cpu_ops()
     engine = make_engine(model_factory("llama", **TINY_ARCHS["llama"]))
     model = engine.runner.model
     stack = model._fused
     assert stack is not None and len(stack.qkv) >= 2
     short = dataclasses.replace(stack, down=stack.down[:-1])
-    x = torch.randn(1, model.config.hidden_size)
-    rotary = model.rotary.for_step(torch.zeros(1, dtype=torch.long), x.dtype, model.kernels)
-    caches = engine.kv_cache.layer_caches
-    i32 = torch.int32
     with pytest.raises(RuntimeError, match="every list needs one entry per layer"):
-        ops.decoder_layers(
-            x, short.input_norms, short.post_norms, short.eps, short.qkv, short.qkv_bias,
-            short.o, short.o_bias, short.gate_up, short.down, short.num_heads,
-            short.num_kv_heads, short.head_dim, short.intermediate, rotary.cos, rotary.sin,
-            rotary.positions, [k for k, _ in caches], [v for _, v in caches],
-            torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=i32),
-            torch.tensor([0, 1], dtype=i32), torch.tensor([1], dtype=i32), 1, short.scale,
-            [0] * len(caches),
-        )  # fmt: skip
+        _one_token_step(engine, short, torch.randn(1, model.config.hidden_size))
 
 
 def test_fused_layers_check_every_layer_before_running_any(model_factory: Any) -> None:
     """A bad argument of the last layer (its o projection packed for another shape) is an
     error naming it, raised before the first layer runs: x and every cache are untouched."""
-    ops = cpu_ops()
     engine = make_engine(model_factory("llama", **TINY_ARCHS["llama"]))
     model = engine.runner.model
     stack = model._fused
@@ -182,21 +186,13 @@ def test_fused_layers_check_every_layer_before_running_any(model_factory: Any) -
     bad = dataclasses.replace(stack, o=[*stack.o[:-1], stack.qkv[-1]])
     x = torch.randn(1, model.config.hidden_size)
     x_before = x.clone()
-    rotary = model.rotary.for_step(torch.zeros(1, dtype=torch.long), x.dtype, model.kernels)
     caches = engine.kv_cache.layer_caches
     caches_before = [(k.clone(), v.clone()) for k, v in caches]
-    i32 = torch.int32
     with pytest.raises(RuntimeError, match=r"decoder_layers \(o\)"):
-        ops.decoder_layers(
-            x, bad.input_norms, bad.post_norms, bad.eps, bad.qkv, bad.qkv_bias,
-            bad.o, bad.o_bias, bad.gate_up, bad.down, bad.num_heads,
-            bad.num_kv_heads, bad.head_dim, bad.intermediate, rotary.cos, rotary.sin,
-            rotary.positions, [k for k, _ in caches], [v for _, v in caches],
-            torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=i32),
-            torch.tensor([0, 1], dtype=i32), torch.tensor([1], dtype=i32), 1, bad.scale,
-            [0] * len(caches),
-        )  # fmt: skip
+        _one_token_step(engine, bad, x)
     assert torch.equal(x, x_before)
     for (k, v), (k0, v0) in zip(caches, caches_before, strict=True):
         assert torch.equal(k, k0) and torch.equal(v, v0)
+    _one_token_step(engine, stack, x)  # the good lists run on the same tensors
+    assert not torch.equal(caches[0][0], caches_before[0][0])  # slot 0 written this time
     assert_pool_free(engine)
