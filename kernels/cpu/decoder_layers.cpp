@@ -27,41 +27,6 @@ namespace {
 using at::Tensor;
 using namespace pdcpu_ops;
 
-// One packed linear layer as the raw GEMM takes it.
-struct Linear {
-  const void* panels;
-  bool bf16;
-  const float* bias;  // null: none
-  int64_t out_features;
-};
-
-Linear linear_of(const Tensor& x, const Tensor& packed, int64_t out_features,
-                 const std::optional<Tensor>& bias, const char* name) {
-  check_packed_linear(x, packed, out_features, name);
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
-                    bias->scalar_type() == at::kFloat,
-                "pdserve_cpu.", name, ": bias must be float32 [out]");
-    b = bias->data_ptr<float>();
-  }
-  const bool bf16 = packed.scalar_type() == at::kBFloat16;
-  return {bf16 ? static_cast<const void*>(bf16_bits(packed)) : packed.data_ptr<float>(), bf16, b,
-          out_features};
-}
-
-// y[m, out] = x[m, k] @ W^T (+ b), rows `ld` floats apart in both.
-void run_linear(const Linear& l, const float* x, int64_t m, int64_t k, int64_t ldx, float* y,
-                int64_t ldy, int threads) {
-  if (l.bf16) {
-    pdcpu::linear_packed(x, m, k, ldx, static_cast<const uint16_t*>(l.panels), l.out_features,
-                         l.bias, y, ldy, threads);
-  } else {
-    pdcpu::linear_packed(x, m, k, ldx, static_cast<const float*>(l.panels), l.out_features,
-                         l.bias, y, ldy, threads);
-  }
-}
-
 // One layer's raw arguments, checked.
 struct Layer {
   const float* input_norm;
@@ -155,6 +120,7 @@ std::tuple<Tensor, Tensor> decoder_layers(
   float* const residual = x.data_ptr<float>();
   const float* const cos_p = cos.data_ptr<float>();
   const float* const sin_p = sin.data_ptr<float>();
+  const int64_t table_stride = cos.stride(0);
   const int64_t* const pos = positions.data_ptr<int64_t>();
   constexpr auto f32 = pdcpu::DType::kFloat32;
   using pdcpu::Phase;
@@ -171,10 +137,10 @@ std::tuple<Tensor, Tensor> decoder_layers(
     clock.lap(Phase::kNorms);
     run_linear(l.qkv, h, n, hidden, hidden, qkv_p, qkv_size, threads);
     clock.lap(Phase::kQkv);
-    pdcpu::rotary(qkv_p, n, num_heads, qkv_size, head_dim, head_dim, cos_p, sin_p, cos.stride(0),
+    pdcpu::rotary(qkv_p, n, num_heads, qkv_size, head_dim, head_dim, cos_p, sin_p, table_stride,
                   pos, f32, threads);
     pdcpu::rotary(qkv_p + q_size, n, num_kv_heads, qkv_size, head_dim, head_dim, cos_p, sin_p,
-                  cos.stride(0), pos, f32, threads);
+                  table_stride, pos, f32, threads);
     clock.lap(Phase::kRotary);
     pdcpu::store_kv(l.store, f32);
     clock.lap(Phase::kStoreKV);
@@ -186,14 +152,7 @@ std::tuple<Tensor, Tensor> decoder_layers(
                     threads);
     clock.lap(Phase::kNorms);
     if (fused_mlp) {
-      const auto* panels = l.gate_up.panels;
-      if (l.gate_up.bf16) {
-        pdcpu::linear_silu_mul_packed(h, n, hidden, hidden, static_cast<const uint16_t*>(panels),
-                                      intermediate, act_p, intermediate, threads);
-      } else {
-        pdcpu::linear_silu_mul_packed(h, n, hidden, hidden, static_cast<const float*>(panels),
-                                      intermediate, act_p, intermediate, threads);
-      }
+      run_linear_silu_mul(l.gate_up, h, n, hidden, hidden, act_p, intermediate, threads);
     } else {
       float* const gu = gate_up.data_ptr<float>();
       run_linear(l.gate_up, h, n, hidden, hidden, gu, 2 * intermediate, threads);

@@ -63,24 +63,10 @@ Tensor pack_linear_weight(const Tensor& w, bool bf16) {
 
 Tensor linear(const Tensor& x, const Tensor& packed, int64_t out_features,
               const std::optional<Tensor>& bias) {
-  check_packed_linear(x, packed, out_features, "linear");
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
-                    bias->scalar_type() == at::kFloat,
-                "pdserve_cpu.linear: bias must be float32 [out]");
-    b = bias->data_ptr<float>();
-  }
+  const Linear l = linear_of(x, packed, out_features, bias, "linear");
   Tensor y = at::empty({x.size(0), out_features}, x.options());
-  if (packed.scalar_type() == at::kBFloat16) {
-    pdcpu::linear_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                         bf16_bits(packed), out_features, b, y.data_ptr<float>(), out_features,
-                         at::get_num_threads());
-  } else {
-    pdcpu::linear_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                         packed.data_ptr<float>(), out_features, b, y.data_ptr<float>(),
-                         out_features, at::get_num_threads());
-  }
+  run_linear(l, x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), y.data_ptr<float>(),
+             out_features, at::get_num_threads());
   return y;
 }
 
@@ -134,17 +120,10 @@ Tensor silu_mul(const Tensor& gate_up) {
 Tensor linear_silu_mul(const Tensor& x, const Tensor& packed, int64_t inter) {
   if (!pdcpu::linear_silu_mul_fits(inter)) return silu_mul(linear(x, packed, 2 * inter, {}));
   // inter is a multiple of the panel width here, so the panels are exactly gate's then up's.
-  check_packed_linear(x, packed, 2 * inter, "linear_silu_mul");
+  const Linear l = linear_of(x, packed, 2 * inter, std::nullopt, "linear_silu_mul");
   Tensor out = at::empty({x.size(0), inter}, x.options());
-  if (packed.scalar_type() == at::kBFloat16) {
-    pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                                  bf16_bits(packed), inter, out.data_ptr<float>(), inter,
-                                  at::get_num_threads());
-  } else {
-    pdcpu::linear_silu_mul_packed(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
-                                  packed.data_ptr<float>(), inter, out.data_ptr<float>(), inter,
-                                  at::get_num_threads());
-  }
+  run_linear_silu_mul(l, x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+                      out.data_ptr<float>(), inter, at::get_num_threads());
   return out;
 }
 

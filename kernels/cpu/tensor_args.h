@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "kernels.h"
@@ -49,7 +50,8 @@ inline pdcpu::PagedAttentionArgs attention_args(const Tensor& out, const Tensor&
   TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
               "pdserve_cpu.paged_attention: q/out [tokens, heads, dim], caches "
               "[blocks, block_size, kv_heads, dim]");
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k_cache, &v_cache}) check_last_contiguous(*t, "q/k/v/out");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k_cache, &v_cache})
+    check_last_contiguous(*t, "q/k/v/out");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
                   q.scalar_type() == v_cache.scalar_type() &&
                   q.scalar_type() == out.scalar_type(),
@@ -99,7 +101,8 @@ inline pdcpu::PagedAttentionArgs attention_args(const Tensor& out, const Tensor&
 // The checked arguments of pdcpu::store_kv for these tensors.
 inline pdcpu::StoreKVArgs store_kv_args(const Tensor& k, const Tensor& v, const Tensor& k_cache,
                                         const Tensor& v_cache, const Tensor& slot_mapping) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &k_cache, &v_cache}) check_last_contiguous(*t, "k/v/caches");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &k_cache, &v_cache})
+    check_last_contiguous(*t, "k/v/caches");
   TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k_cache.dim() == 4 &&
                   v_cache.sizes() == k_cache.sizes() && k.size(1) == k_cache.size(2) &&
                   k.size(2) == k_cache.size(3),
@@ -164,6 +167,55 @@ inline void check_norm_args(const Tensor& x, const Tensor& weight) {
   TORCH_CHECK(x.dim() == 2 && weight.is_contiguous() && weight.dim() == 1 &&
                   weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
               "pdserve_cpu.rms_norm: x [rows, dim] and weight [dim] of one dtype");
+}
+
+// One packed linear layer as the raw GEMMs take it (linear_of: from its tensors, checked).
+struct Linear {
+  const void* panels;
+  bool bf16;
+  const float* bias;  // null: none
+  int64_t out_features;
+};
+
+inline Linear linear_of(const Tensor& x, const Tensor& packed, int64_t out_features,
+                        const std::optional<Tensor>& bias, const char* name) {
+  check_packed_linear(x, packed, out_features, name);
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
+                    bias->scalar_type() == at::kFloat,
+                "pdserve_cpu.", name, ": bias must be float32 [out]");
+    b = bias->data_ptr<float>();
+  }
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  return {bf16 ? static_cast<const void*>(bf16_bits(packed)) : packed.data_ptr<float>(), bf16, b,
+          out_features};
+}
+
+// y[m, out] = x[m, k] @ W^T (+ b), rows ldx / ldy floats apart.
+inline void run_linear(const Linear& l, const float* x, int64_t m, int64_t k, int64_t ldx,
+                       float* y, int64_t ldy, int threads) {
+  if (l.bf16) {
+    pdcpu::linear_packed(x, m, k, ldx, static_cast<const uint16_t*>(l.panels), l.out_features,
+                         l.bias, y, ldy, threads);
+  } else {
+    pdcpu::linear_packed(x, m, k, ldx, static_cast<const float*>(l.panels), l.out_features,
+                         l.bias, y, ldy, threads);
+  }
+}
+
+// out[m, out_features / 2] = silu(gate) * up of x's gate_up projection `l` (no bias), in one
+// pass; only where pdcpu::linear_silu_mul_fits(out_features / 2).
+inline void run_linear_silu_mul(const Linear& l, const float* x, int64_t m, int64_t k,
+                                int64_t ldx, float* out, int64_t ldo, int threads) {
+  const int64_t inter = l.out_features / 2;
+  if (l.bf16) {
+    pdcpu::linear_silu_mul_packed(x, m, k, ldx, static_cast<const uint16_t*>(l.panels), inter,
+                                  out, ldo, threads);
+  } else {
+    pdcpu::linear_silu_mul_packed(x, m, k, ldx, static_cast<const float*>(l.panels), inter, out,
+                                  ldo, threads);
+  }
 }
 
 // q [tokens, heads, dim] and k [tokens, kv_heads, dim] rotated by the rows of cos/sin (float32

@@ -65,8 +65,8 @@ def _can_admit_head(w: EngineModel, num_decode_tokens: int) -> bool:
     s = w.settings
     if len(w.running) >= s.max_num_seqs or num_decode_tokens >= s.max_num_batched_tokens:
         return False
-    budget = min(s.max_num_batched_tokens - num_decode_tokens, prefill_budget(s, True).left)
-    plan = admission(w, w.waiting[0], budget)
+    budget = s.max_num_batched_tokens - num_decode_tokens
+    plan = admission(w, w.waiting[0], budget, prefill_budget(s, True))
     return plan is not None and plan[2] + w.extra_blocks(1) <= w.pool.num_free
 
 

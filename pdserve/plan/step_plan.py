@@ -25,22 +25,26 @@ if TYPE_CHECKING:
     from pdserve.plan.worker_settings import WorkerSettings
 
 
-def admission(w: EngineModel, seq: Seq, budget: int) -> tuple[int, int, int] | None:
+def admission(
+    w: EngineModel, seq: Seq, budget: int, prefill: PrefillBudget
+) -> tuple[int, int, int] | None:
     """(prefix-hit blocks, tokens to schedule, private blocks to allocate) for admitting the
-    waiting ``seq`` under ``budget``; None when the budget rules it out this step."""
+    waiting ``seq`` under ``budget`` and what ``prefill`` has left (as the engine's scheduler
+    cuts it); None when they rule it out this step."""
     s, bs = w.settings, w.bs
     hit = 0
     if seq.group >= 0 and seq.req.num_prefix_tokens >= bs:
         max_hit = min((seq.num_tokens - 1) // bs, seq.req.num_prefix_tokens // bs)
         hit = min(w.pool.cached_blocks(seq.group), max_hit)
     computed = hit * bs
-    q = seq.num_tokens - computed
+    q = remaining = seq.num_tokens - computed
     if s.long_prefill_token_threshold:
         q = min(q, s.long_prefill_token_threshold)
-    if q > budget:
-        if not s.enable_chunked_prefill or budget <= 0:
+    limit = prefill.limit(remaining, budget)
+    if q > limit:
+        if not s.enable_chunked_prefill or limit <= 0:
             return None
-        q = budget
+        q = limit
     need = computed + q
     if seq.mode == EXPORT:
         need = max(need, seq.req.num_prompt)
@@ -183,7 +187,7 @@ def plan_exact(w: EngineModel) -> float | None:
     if not preempted and not w.swapped:
         while w.waiting and budget > 0 and len(order) < s.max_num_seqs:
             seq = w.waiting[0]
-            plan = admission(w, seq, min(budget, prefill.left))
+            plan = admission(w, seq, budget, prefill)
             if plan is None:
                 break
             hit, q, private = plan
@@ -204,7 +208,7 @@ def plan_exact(w: EngineModel) -> float | None:
             _join(w, order, seq)
             qs[seq] = q
             budget -= q
-            prefill.left -= q
+            prefill.charge(seq.num_tokens - seq.computed, q)
 
     w.skipped = []
     if budget <= 0:  # decoding requests the budget did not reach keep their token for later
