@@ -44,6 +44,7 @@ import numpy as np
 from kv_transfer.errors import IncompatiblePeerError, PeerLostError, TransferTimeoutError
 from kv_transfer.netif import interface_of
 from kv_transfer.receiver import PushPlan, ReceiverBase
+from kv_transfer.ucx_endpoint import create_endpoint
 from kv_transfer.wire import HEADER_PREFIX
 from protos.pdserve.v1 import kv_transfer_pb2 as pb
 
@@ -169,12 +170,11 @@ class UcxReceiver(ReceiverBase):
 
     async def _hello(self, frame: pb.KVFrame) -> None:
         try:
-            address = self._ucxx.get_ucx_address_from_buffer(frame.hello.reply_address)
-            ep = await asyncio.wait_for(
-                self._ucxx.create_endpoint_from_worker_address(
-                    address, endpoint_error_handling=False
-                ),
-                _ACK_TIMEOUT_S,
+            ep = await create_endpoint(
+                self._ucxx,
+                frame.hello.reply_address,
+                asyncio.get_running_loop().time() + _ACK_TIMEOUT_S,
+                f"endpoint back to KV sender {frame.sender_id}",
             )
         except Exception:
             return  # unreachable or malformed reply address: the sender's handshake times out
@@ -378,13 +378,9 @@ class UcxConnector:
             address = bytes.fromhex(endpoint.removeprefix("ucx://"))
         except ValueError as e:
             raise ValueError(f"not a ucx endpoint: {endpoint!r}") from e
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            ep = await asyncio.wait_for(
-                ucxx.create_endpoint_from_worker_address(
-                    ucxx.get_ucx_address_from_buffer(address), endpoint_error_handling=False
-                ),
-                timeout,
-            )
+            ep = await create_endpoint(ucxx, address, deadline, f"connecting to {endpoint[:40]}...")
         except TimeoutError:
             raise
         except Exception as e:  # e.g. UCXXShmemSegmentError: the peer's process is gone
