@@ -20,76 +20,65 @@ class Slow(Exception):
     """Stands for UCXX's ``UCXTimedOutError``: the only error ``retry_until`` retries here."""
 
 
-def test_a_timed_out_attempt_is_retried_with_what_is_left(aio: LoopThread) -> None:
-    async def run() -> list[float]:
-        calls: list[float] = []
+Outcome = str | BaseException
+
+
+def _retry(
+    aio: LoopThread, outcomes: list[Outcome], deadline_s: float, pause_s: float = 0.0
+) -> tuple[Outcome, list[float]]:
+    """``retry_until`` with a deadline ``deadline_s`` ahead, over an attempt that waits
+    ``pause_s`` and then returns or raises the next of ``outcomes`` (the last one repeats).
+    Returns what ``retry_until`` returned or raised, and the seconds each attempt was given."""
+
+    async def run() -> tuple[Outcome, list[float]]:
+        given: list[float] = []
 
         async def attempt(left: float) -> str:
-            calls.append(left)
-            await asyncio.sleep(0.05)
-            if len(calls) <= 2:
-                raise Slow(f"attempt {len(calls)}")
-            return "endpoint"
+            given.append(left)
+            await asyncio.sleep(pause_s)
+            outcome = outcomes[min(len(given), len(outcomes)) - 1]
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
 
-        loop = asyncio.get_running_loop()
-        assert await retry_until(loop.time() + 5.0, attempt, Slow, "test") == "endpoint"
-        return calls
+        deadline = asyncio.get_running_loop().time() + deadline_s
+        try:
+            return await retry_until(deadline, attempt, Slow, "test"), given
+        except Exception as e:
+            return e, given
 
-    calls = aio.run(run())
-    assert len(calls) == 3
-    assert 4.8 < calls[0] <= 5.0
-    assert calls[0] > calls[1] > calls[2]  # each attempt gets only what the deadline leaves
+    return aio.run(run())
+
+
+def test_a_timed_out_attempt_is_retried_with_what_is_left(aio: LoopThread) -> None:
+    result, given = _retry(aio, [Slow("1"), Slow("2"), "endpoint"], 5.0, pause_s=0.05)
+    assert result == "endpoint"
+    assert len(given) == 3
+    assert 4.0 < given[0] <= 5.0
+    assert given[0] > given[1] > given[2]  # each attempt gets only what the deadline leaves
 
 
 def test_the_deadline_ends_the_retries_with_a_timeout(aio: LoopThread) -> None:
-    async def run() -> None:
-        calls: list[float] = []
-
-        async def attempt(left: float) -> str:
-            calls.append(left)
-            await asyncio.sleep(0.1)
-            raise Slow(f"attempt {len(calls)}")
-
-        loop = asyncio.get_running_loop()
-        with pytest.raises(TimeoutError, match="test: 3 attempts timed out") as info:
-            await retry_until(loop.time() + 0.25, attempt, Slow, "test")
-        assert isinstance(info.value.__cause__, Slow)  # the last error, kept as the cause
-        assert str(info.value.__cause__) == "attempt 3"
-        assert len(calls) == 3
-
-    aio.run(run())
+    slow = [Slow(str(n)) for n in range(1, 11)]
+    result, given = _retry(aio, list(slow), 1.0, pause_s=0.3)
+    assert len(given) >= 2  # the first attempt's failure left time for another
+    assert isinstance(result, TimeoutError)
+    assert str(result).startswith(f"test: {len(given)} attempts timed out")
+    assert result.__cause__ is slow[len(given) - 1]  # the last error, kept as the cause
 
 
 def test_any_other_error_is_final(aio: LoopThread) -> None:
-    async def run() -> None:
-        calls: list[float] = []
-
-        async def attempt(left: float) -> str:
-            calls.append(left)
-            raise ConnectionRefusedError("peer gone")
-
-        loop = asyncio.get_running_loop()
-        with pytest.raises(ConnectionRefusedError, match="peer gone"):
-            await retry_until(loop.time() + 5.0, attempt, Slow, "test")
-        assert len(calls) == 1
-
-    aio.run(run())
+    result, given = _retry(aio, [ConnectionRefusedError("peer gone"), "endpoint"], 5.0)
+    assert isinstance(result, ConnectionRefusedError)
+    assert str(result) == "peer gone"
+    assert len(given) == 1
 
 
 def test_a_deadline_already_past_makes_no_attempt(aio: LoopThread) -> None:
-    async def run() -> None:
-        calls: list[float] = []
-
-        async def attempt(left: float) -> str:
-            calls.append(left)
-            return "endpoint"
-
-        loop = asyncio.get_running_loop()
-        with pytest.raises(TimeoutError, match="deadline passed after 0 attempts"):
-            await retry_until(loop.time() - 1.0, attempt, Slow, "test")
-        assert calls == []
-
-    aio.run(run())
+    result, given = _retry(aio, ["endpoint"], -1.0)
+    assert isinstance(result, TimeoutError)
+    assert str(result) == "test: deadline passed after 0 attempts"
+    assert given == []
 
 
 @pytest.mark.skipif(not is_ucx_available(), reason="ucxx not installed")
