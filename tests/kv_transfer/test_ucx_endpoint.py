@@ -83,7 +83,10 @@ def test_a_deadline_already_past_makes_no_attempt(aio: LoopThread) -> None:
 
 @pytest.mark.skipif(not is_ucx_available(), reason="ucxx not installed")
 def test_create_endpoint_reaches_a_real_ucx_worker(aio: LoopThread) -> None:
-    """The endpoint is created through ucxx's own API, and the error it retries is ucxx's."""
+    """The endpoint is created through ucxx's own API (and the error retried is ucxx's): a
+    tagged message sent on it arrives at the worker it names, this process's own."""
+    import numpy as np
+
     from kv_transfer.ucx import _ucxx
 
     async def run() -> None:
@@ -93,7 +96,13 @@ def test_create_endpoint_reaches_a_real_ucx_worker(aio: LoopThread) -> None:
         deadline = asyncio.get_running_loop().time() + 30.0
         ep = await create_endpoint(ucxx, address, deadline, "own worker")
         try:
-            assert ep.uid is not None
+            sent = np.arange(64, dtype=np.uint8)
+            received = np.zeros(64, dtype=np.uint8)
+            tag = 0x5445_5354_0000_0001  # no other test's tag
+            arrival = asyncio.ensure_future(ucxx.recv(received, tag))
+            await asyncio.wait_for(ep.send(sent, tag=tag, force_tag=True), 10.0)
+            await asyncio.wait_for(arrival, 10.0)
+            assert received.tolist() == sent.tolist()
         finally:
             ep.abort(period=10**8)
 
