@@ -8,6 +8,7 @@ ucxx (``create_endpoint``) runs against the real library.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from conftest import LoopThread
@@ -107,3 +108,29 @@ def test_create_endpoint_reaches_a_real_ucx_worker(aio: LoopThread) -> None:
             ep.abort(period=10**8)
 
     aio.run(run())
+
+
+@pytest.mark.skipif(not is_ucx_available(), reason="ucxx not installed")
+def test_an_endpoint_made_after_its_caller_gave_up_is_aborted(
+    aio: LoopThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a progress thread (ucxx's default) the endpoint is made off the event loop, so a
+    deadline can cut the wait short; the endpoint that then arrives late is aborted."""
+    from kv_transfer.ucx import _ucxx
+    from kv_transfer.ucx_endpoint import _create_off_loop, _off_loop_steps
+
+    async def run() -> None:
+        ucxx = _ucxx("127.0.0.1")
+        steps = _off_loop_steps(ucxx)
+        assert steps is not None  # this ucxx's steps are the ones the module names
+        address = ucxx.get_ucx_address_from_buffer(bytes(ucxx.get_worker_address()))
+        with pytest.raises(TimeoutError):
+            await _create_off_loop(steps, address, 0.0)  # gives up before the thread is back
+        for _ in range(200):
+            if any("aborted" in r.getMessage() for r in caplog.records):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the endpoint made late was not aborted")
+
+    with caplog.at_level(logging.INFO, logger="kv_transfer.ucx_endpoint"):
+        aio.run(run())
