@@ -170,10 +170,12 @@ class UcxReceiver(ReceiverBase):
 
     async def _hello(self, frame: pb.KVFrame) -> None:
         try:
+            # As long as a sender waits for the reply by default (its connect gets a lease).
+            wait_s = max(_ACK_TIMEOUT_S, self.core.table.default_lease_s)
             ep = await create_endpoint(
                 self._ucxx,
                 frame.hello.reply_address,
-                asyncio.get_running_loop().time() + _ACK_TIMEOUT_S,
+                asyncio.get_running_loop().time() + wait_s,
                 f"endpoint back to KV sender {frame.sender_id}",
             )
         except Exception:
