@@ -84,6 +84,8 @@ def _off_loop_steps(ucxx: Any) -> tuple[Any, Any, Any] | None:
 
 
 async def _create_off_loop(steps: tuple[Any, Any, Any], ucx_address: Any, left: float) -> Any:
+    """ucxx's ``create_endpoint_from_worker_address``, its blocking step on a worker thread,
+    given up after ``left`` seconds (``TimeoutError``)."""
     ctx, create, wrapper = steps
     ctx.continuous_ucx_progress()  # as ucxx's own call does (a no-op once started)
     made = asyncio.get_running_loop().run_in_executor(None, create, ctx.worker, ucx_address, False)
