@@ -16,6 +16,12 @@ from conftest import LoopThread
 from kv_transfer import is_ucx_available
 from kv_transfer.ucx_endpoint import create_endpoint, retry_until
 
+# UCX is the optional ``pdserve[ucx]`` extra: an install without it has no ucxx to test against.
+# CI installs it (tests/ci/requirements.py test ucx), so there these tests run.
+needs_ucx = pytest.mark.skipif(
+    not is_ucx_available(), reason="ucxx absent: the optional pdserve[ucx] extra is not installed"
+)
+
 
 class Slow(Exception):
     """Stands for UCXX's ``UCXTimedOutError``: the only error ``retry_until`` retries here."""
@@ -82,7 +88,7 @@ def test_a_deadline_already_past_makes_no_attempt(aio: LoopThread) -> None:
     assert given == []
 
 
-@pytest.mark.skipif(not is_ucx_available(), reason="ucxx not installed")
+@needs_ucx
 def test_create_endpoint_reaches_a_real_ucx_worker(aio: LoopThread) -> None:
     """The endpoint is created through ucxx's own API (and the error retried is ucxx's): a
     tagged message sent on it arrives at the worker it names, this process's own."""
@@ -110,7 +116,7 @@ def test_create_endpoint_reaches_a_real_ucx_worker(aio: LoopThread) -> None:
     aio.run(run())
 
 
-@pytest.mark.skipif(not is_ucx_available(), reason="ucxx not installed")
+@needs_ucx
 def test_an_endpoint_made_after_its_caller_gave_up_is_aborted(
     aio: LoopThread, caplog: pytest.LogCaptureFixture
 ) -> None:
