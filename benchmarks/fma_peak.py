@@ -25,23 +25,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 SOURCE = Path(__file__).resolve().with_name("fma_peak.cpp")
 
 
-def build() -> Path | None:
-    """The probe's binary (built once per source, flags and compiler), or None without a
-    compiler."""
+def build(source: Path = SOURCE) -> Path | None:
+    """The binary of a benchmark's C++ ``source`` (this probe's by default; it includes
+    ``kernels/cpu/vec.h``), built once per source, flags and compiler into the kernels' cache,
+    or None without a compiler."""
     from kernels.cpu import BASE_FLAGS, ISA_FLAGS, SOURCE_DIR, cache_root, detect_isa
 
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         return None
     flags = [*BASE_FLAGS, *ISA_FLAGS[detect_isa()], f"-I{SOURCE_DIR}"]
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(source.read_bytes())
     h.update((SOURCE_DIR / "vec.h").read_bytes())
     h.update(" ".join([cxx, *flags]).encode())
-    binary = cache_root() / "probes" / f"fma_peak-{h.hexdigest()[:16]}"
+    binary = cache_root() / "probes" / f"{source.stem}-{h.hexdigest()[:16]}"
     if not binary.is_file():
         binary.parent.mkdir(parents=True, exist_ok=True)
         tmp = binary.with_suffix(".tmp")
-        subprocess.run([cxx, *flags, str(SOURCE), "-o", str(tmp)], check=True)
+        subprocess.run([cxx, *flags, str(source), "-o", str(tmp)], check=True)
         tmp.replace(binary)
     return binary
 
