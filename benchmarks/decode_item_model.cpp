@@ -31,10 +31,7 @@ namespace {
 
 constexpr int BS = 16, H = 3, G = 3, D = 64, R = H * G;
 constexpr int SV = BS / W;  // vectors of a row's block scores
-constexpr int CV = D / W;   // vectors of a row
 static_assert(BS % W == 0 && D % (4 * W) == 0, "the model needs whole vectors");
-
-float hsum_of(vf v) { return hsum(v); }
 
 // S[r][j..j+3] for row q against keys k0..k3.
 void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3,
@@ -50,7 +47,7 @@ void dot4(const float* q, const float* k0, const float* k1, const float* k2, con
 #if defined(__AVX__)
   hsum4(a0, a1, a2, a3, s);
 #else
-  s[0] = hsum_of(a0), s[1] = hsum_of(a1), s[2] = hsum_of(a2), s[3] = hsum_of(a3);
+  s[0] = hsum(a0), s[1] = hsum(a1), s[2] = hsum(a2), s[3] = hsum(a3);
 #endif
 }
 
