@@ -55,9 +55,9 @@ async def create_endpoint(ucxx: Any, address: bytes, deadline: float, what: str)
     """An endpoint (no error handling: shared memory between local processes) to the UCX
     worker whose address is ``address``, by ``deadline`` (event-loop time)."""
     off_loop = _off_loop_steps(ucxx)
+    ucx_address = ucxx.get_ucx_address_from_buffer(address)
 
     async def attempt(left: float) -> Any:
-        ucx_address = ucxx.get_ucx_address_from_buffer(address)
         if off_loop is not None:
             return await _create_off_loop(off_loop, ucx_address, left)
         return await asyncio.wait_for(
