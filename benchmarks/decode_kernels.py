@@ -6,9 +6,10 @@ The offline benchmark's decode step, SmolLM2-135M's shape: 18 requests with 32-6
 context (seed 0), block size 16, blocks shuffled in a block-major pool that the checkout's own
 ``engine.kv_cache.KVCache`` allocates (so how a checkout lays out its pool's memory is part of
 what is measured); ``paged_attention`` over the 30 layers, then the 30 layers' four GEMMs and the
-lm_head at 18 rows through the checkout's own ``PackedLinear`` (random weights). Each checkout
-runs in its own subprocess, taking turns ``--rounds`` times (``benchmarks/ab_checkouts.py``);
-per checkout the median of its rounds' medians (15 passes each). Also prints the read
+lm_head at 18 rows through the checkout's own ``PackedLinear`` (random weights, packed into one
+buffer as the engine packs them). Each checkout runs in its own subprocess, taking turns
+``--rounds`` times (``benchmarks/ab_checkouts.py``); per checkout the median of its rounds'
+medians (15 passes each). Also prints the read
 bandwidth a multi-threaded ``sum`` over 512 MB reaches in the same process, and the attention's
 time over reading its K/V once at that rate. Beside it, the same 30 calls on the first layer's
 K/V alone, which stays in the caches between calls where they hold it (one layer's is ~9 MB): the
@@ -42,6 +43,7 @@ from torch import nn
 from engine.kv_cache import KVCache
 from engine.kv_cache_spec import KVCacheSpec
 from engine.models.layers import PackedLinear
+from engine.packed_weights import empty_packed_weights, pack_into
 from kernels.cpu import load
 ops = load()
 assert ops is not None, "compiled CPU kernels unavailable"
@@ -65,13 +67,14 @@ qsl = torch.arange(seqs + 1, dtype=torch.int32)
 seq_lens = torch.tensor(lens, dtype=torch.int32)
 q = torch.randn(seqs, heads, dim)
 o = torch.empty_like(q)
-linears = []
 shapes = [((heads + 2 * kv_heads) * dim, hidden), (hidden, heads * dim), (2 * inter, hidden),
           (hidden, inter)]
-for _ in range(layers):
-    for n, k in shapes:
-        linears.append(PackedLinear(nn.Linear(k, n, bias=False), ops))
-head = PackedLinear(nn.Linear(hidden, vocab, bias=False), ops)
+plain = [nn.Linear(k, n, bias=False) for _ in range(layers) for n, k in shapes]
+plain.append(nn.Linear(hidden, vocab, bias=False))
+# Packed into one buffer on huge pages, in the order a step reads them, as the engine packs them.
+views = empty_packed_weights([(m.out_features, m.in_features) for m in plain], ops)
+linears = [PackedLinear(m, ops, pack_into(v, m.weight, ops)) for m, v in zip(plain, views)]
+head = linears.pop()
 xs = {{k: torch.randn(seqs, k) for k in (hidden, heads * dim, inter)}}
 
 def attention():
