@@ -9,13 +9,13 @@ what is measured); ``paged_attention`` over the 30 layers, then the 30 layers' f
 lm_head at 18 rows through the checkout's own ``PackedLinear`` (random weights, packed into one
 buffer as the engine packs them). Each checkout runs in its own subprocess, taking turns
 ``--rounds`` times (``benchmarks/ab_checkouts.py``); per checkout the median of its rounds'
-medians (15 passes each). Also prints the read
-bandwidth a multi-threaded ``sum`` over 512 MB reaches in the same process, and the attention's
-time over reading its K/V once at that rate. Beside it, the same 30 calls on the first layer's
-K/V alone, which stays in the caches between calls where they hold it (one layer's is ~9 MB): the
-part of the attention's time that is arithmetic and cache hits, not waiting on memory. The GEMMs
-likewise: the 30 layers' calls on the first layer's weights (~14 MB) against each layer's own
-(425 MB streamed from memory), so what the weight stream costs the GEMMs is printed apart.
+medians (15 passes each). Also prints the read bandwidth a multi-threaded ``sum`` over 512 MB
+reaches in the same process, and the attention's time over reading its K/V once at that rate.
+Beside it, the same 30 calls on the first layer's K/V alone, which stays in the caches between
+calls where they hold it (one layer's is ~9 MB): the part of the attention's time that is
+arithmetic and cache hits, not waiting on memory. The GEMMs likewise: the 30 layers' calls on
+the first layer's weights (~14 MB) against each layer's own (425 MB streamed from memory), so
+what the weight stream costs the GEMMs is printed apart.
 
 ``--against`` is another working tree, e.g. ``git worktree add /tmp/base <commit>``.
 """
@@ -75,6 +75,7 @@ plain.append(nn.Linear(hidden, vocab, bias=False))
 views = empty_packed_weights([(m.out_features, m.in_features) for m in plain], ops)
 linears = [PackedLinear(m, ops, pack_into(v, m.weight, ops)) for m, v in zip(plain, views)]
 head = linears.pop()
+del plain, views  # the unpacked weights, as the engine releases them
 xs = {{k: torch.randn(seqs, k) for k in (hidden, heads * dim, inter)}}
 
 def attention():
