@@ -13,9 +13,8 @@ medians (15 passes each). Also prints the read bandwidth a multi-threaded ``sum`
 reaches in the same process, and the attention's time over reading its K/V once at that rate.
 Beside it, the same 30 calls on the first layer's K/V alone, which stays in the caches between
 calls where they hold it (one layer's is ~9 MB): the part of the attention's time that is
-arithmetic and cache hits, not waiting on memory. The GEMMs likewise: the 30 layers' calls on
-the first layer's weights (~14 MB) against each layer's own (425 MB streamed from memory), so
-what the weight stream costs the GEMMs is printed apart.
+arithmetic and cache hits, not waiting on memory. (What streaming the weights costs the GEMMs:
+``benchmarks/gemm_sources.py``.)
 
 ``--against`` is another working tree, e.g. ``git worktree add /tmp/base <commit>``.
 """
@@ -91,11 +90,6 @@ def gemms():
     for lin in linears:
         lin(xs[lin.in_features])
 
-def gemms_cached():
-    for _ in range(layers):
-        for lin in linears[:4]:
-            lin(xs[lin.in_features])
-
 def lm_head():
     head(xs[hidden])
 
@@ -107,7 +101,6 @@ out = {{}}
 with torch.inference_mode():
     for name, fn in (("read", read), ("attention", attention),
                      ("attention_cached", attention_cached), ("gemms", gemms),
-                     ("gemms_cached", gemms_cached),
                      ("lm_head", lm_head)):
         fn()
         times = []
@@ -160,11 +153,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             f"\n  GEMMs {gemm * 1e3:6.1f} ms ({gemm_flops / gemm / 1e9:5.1f} GFLOP/s) "
             f"x{gemm / base['gemms']:.2f} | lm_head {lm * 1e3:5.1f} ms "
             f"({head_flops / lm / 1e9:5.1f} GFLOP/s) x{lm / base['lm_head']:.2f}"
-        )
-        cached = m["gemms_cached"]
-        print(
-            f"  GEMMs on one layer's weights, in cache: {cached * 1e3:6.1f} ms "
-            f"({gemm_flops / cached / 1e9:5.1f} GFLOP/s); streaming costs x{gemm / cached:.2f}"
         )
     return medians
 

@@ -3,7 +3,7 @@
 three places, in alternating passes:
 
 - ``memory``: every layer its own weights (425 MB for the 135M shape: nothing stays cached),
-  as in the engine;
+  packed into one buffer on huge pages in the order a step reads them, as in the engine;
 - ``L3``: layer 0's four weights (14 MB) for every layer, so they come back from the last-level
   cache;
 - ``L2``: one o-sized weight (1.3 MB, half of it per core) for all 120 calls, FLOPs counted as
@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.fma_peak import measure_fma_peak
 from benchmarks.workloads import model_shape
+from engine.packed_weights import empty_packed_weights, pack_into
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,10 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     shape = model_shape()
     fused = shape.fused_linear_shapes()
     torch.manual_seed(0)
+    weights = shape.random_layer_weights(args.layers)
+    per_layer = [(n, k) for k, n in fused]  # [out, in] of qkv, o, gate_up, down
+    views = iter(empty_packed_weights(per_layer * len(weights), ops))
     layers = [
-        [(ops.pack_linear_weight(w), w.shape[0], w.shape[1]) for w in layer]
-        for layer in shape.random_layer_weights(args.layers)
+        [(pack_into(next(views), w, ops), n, k) for w, (n, k) in zip(ws, per_layer, strict=True)]
+        for ws in weights
     ]
+    del weights  # the unpacked weights, as the engine releases them
     calls = {
         "memory": [w for layer in layers for w in layer],
         "L3": [w for _ in layers for w in layers[0]],
