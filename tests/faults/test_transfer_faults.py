@@ -7,10 +7,10 @@ migrates, issue 15), and afterwards every live pool is fully free: the blocks a 
 transfer wrote on decode, and the blocks the push read on prefill, all have a way back.
 
 "Mid-transfer" is made certain, not hoped for: the prefill workers are frozen (SIGSTOP)
-before the requests go out and run in short pulses until decode holds part of the KV; the
-test checks that reservations still wait for the rest, and only then applies the fault (to
-that prefill worker, or to a decode worker it is pushing into). Prefill runs 16-token chunks
-so a prompt's transfer spans many steps.
+before the requests go out and run in short pulses until one of them has pushed part, and not
+all, of the KV of the requests the router sent it; the test checks that reservations still wait
+for the rest, and only then applies the fault (to that prefill worker, or to a decode worker it
+is pushing into). Prefill runs 16-token chunks so a prompt's transfer spans many steps.
 """
 
 from __future__ import annotations
@@ -23,11 +23,15 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from protos.pdserve.v1 import control_pb2, control_pb2_grpc
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.faults.clients import Outcome, grpc_generate
 from tests.faults.cluster import Cluster, start_cluster
@@ -41,6 +45,7 @@ NUM_REQUESTS = 4
 PROMPT_TOKENS = 800  # 50 blocks of 16, 50 prefill chunks of 16 tokens each
 MAX_TOKENS = 24
 BLOCK_SIZE = 16
+BLOCKS_PER_PROMPT = PROMPT_TOKENS // BLOCK_SIZE
 PULSE_CPU_S = 0.01  # CPU time a frozen prefill worker gets between checks...
 PULSE_MAX_S = 0.5  # ...or this much wall time, whichever comes first
 
@@ -59,6 +64,39 @@ def _prompts(base: int, num_requests: int) -> list[list[int]]:
 def _received(w: WorkerProcess) -> float:
     """KV blocks decode worker ``w`` received so far."""
     return w.metric("pdserve_kv_transfer_blocks_total")
+
+
+def _settled_received(decode: list[WorkerProcess]) -> float:
+    """KV blocks the decode workers received so far, read once what the (frozen) prefill
+    workers already sent has landed: the same count twice, 20 ms apart."""
+    deadline = time.monotonic() + 10
+    last = sum(_received(d) for d in decode)
+    while True:
+        time.sleep(0.02)
+        now = sum(_received(d) for d in decode)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, "decode's received-block count never settled"
+        last = now
+
+
+def _worker_id(w: WorkerProcess) -> str:
+    """The id the worker reports to the router (ask before freezing it)."""
+    with grpc.insecure_channel(w.target) as channel:
+        stub = control_pb2_grpc.WorkerControlStub(channel)
+        reply = stub.GetWorkerInfo(control_pb2.GetWorkerInfoRequest(), timeout=10)
+        return str(reply.worker_id)
+
+
+def _routed_prefill(cluster: Cluster) -> dict[str, float]:
+    """Requests the router sent to each prefill worker so far, by worker id."""
+    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+    return {
+        s.labels["worker_id"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "pdserve_router_routed_requests_total" and s.labels["worker_role"] == "prefill"
+    }
 
 
 def _pulse(w: WorkerProcess) -> None:
@@ -89,26 +127,57 @@ def _open_transfers(workers: list[WorkerProcess]) -> int:
     return sum(w.load().num_reservations for w in workers)
 
 
+@dataclass(frozen=True)
+class _Before:
+    """What the cluster had counted before a scenario's requests went out."""
+
+    received: float  # KV blocks the decode workers received
+    routed: dict[str, float]  # requests the router sent to each prefill worker, by worker id
+    worker_ids: dict[str, str]  # prefill worker target -> its worker id
+
+    @classmethod
+    def read(cls, cluster: Cluster) -> _Before:
+        return cls(
+            sum(_received(d) for d in cluster.decode),
+            _routed_prefill(cluster),
+            {w.target: _worker_id(w) for w in cluster.prefill},
+        )
+
+    def routed_to(self, cluster: Cluster, w: WorkerProcess) -> float:
+        """Requests of this scenario the router has sent to prefill worker ``w``."""
+        worker_id = self.worker_ids[w.target]
+        return _routed_prefill(cluster).get(worker_id, 0.0) - self.routed.get(worker_id, 0.0)
+
+
 def _freeze_mid_transfer(
-    cluster: Cluster, role: str, num_requests: int, base: dict[str, float]
+    cluster: Cluster, role: str, num_requests: int, before: _Before
 ) -> WorkerProcess:
     """Freeze (SIGSTOP) a worker of ``role`` in the middle of a transfer, and return it.
 
     Every prefill worker is stopped before the requests are sent (``_run``); here each runs
-    in turn for a short pulse until decode has received some blocks from one of them: that
-    one (the producer) stays stopped with its transfers open, mid-transfer for certain (a
-    tiny model's prefill is over faster than a poll could catch it running), and the others
-    run on. For ``role == "decode"`` the decode worker holding a reservation still waiting
-    for KV is then stopped, and the producer runs on, pushing into it."""
+    in turn for a short pulse, and the blocks decode received during it are that worker's
+    (the others are frozen; the count is read once it settles). The first worker to have
+    pushed some, and not all, of the KV of the requests the router sent it is the producer
+    (a pulse that overran can finish a worker's whole share, and a fault on it would then
+    move nothing: a CI run once saw that). It stays stopped with its transfers open,
+    mid-transfer for certain (a tiny model's prefill is over faster than a poll could catch
+    it running), and the others run on. For ``role == "decode"`` the decode worker holding a
+    reservation still waiting for KV is then stopped, and the producer runs on, pushing into
+    it."""
     began = time.monotonic()
+    pushed = {w.target: 0.0 for w in cluster.prefill}
+    received = before.received
     producer: WorkerProcess | None = None
     pulses = 0
     while producer is None:
         for w in cluster.prefill:
-            assert time.monotonic() < began + 60, "no KV block arrived"
+            assert time.monotonic() < began + 60, f"no prefill worker caught mid-transfer: {pushed}"
             _pulse(w)
             pulses += 1
-            if any(_received(d) > base[d.target] for d in cluster.decode):
+            now = _settled_received(cluster.decode)
+            pushed[w.target] += now - received
+            received = now
+            if 0 < pushed[w.target] < before.routed_to(cluster, w) * BLOCKS_PER_PROMPT:
                 producer = w
                 break
     for w in cluster.prefill:
@@ -116,12 +185,12 @@ def _freeze_mid_transfer(
             w.resume()
     # Shown with a failure: a freeze longer than decode's lease is the test's fault.
     print(
-        f"frozen mid-transfer after {pulses} pulses, {time.monotonic() - began:.2f}s",
+        f"frozen mid-transfer after {pulses} pulses, {time.monotonic() - began:.2f}s; "
+        f"blocks pushed {pushed}, requests {before.routed_to(cluster, producer):.0f}",
         file=sys.stderr,
     )
-    received = sum(_received(w) - base[w.target] for w in cluster.decode)
-    total = num_requests * (PROMPT_TOKENS // BLOCK_SIZE)
-    assert 0 < received < total, (received, total)
+    total = num_requests * BLOCKS_PER_PROMPT
+    assert 0 < received - before.received < total, (received - before.received, total)
     waiting = [w for w in cluster.decode if _open_transfers([w]) > 0]
     assert waiting, "no decode worker holds a reservation still waiting for KV"
     if role == "prefill":
@@ -153,11 +222,11 @@ def _run(
     async def scenario() -> list[Outcome]:
         async with grpc.aio.insecure_channel(cluster.router.grpc_address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
-            base = {w.target: _received(w) for w in cluster.decode}
+            counted = _Before.read(cluster)
             for w in cluster.prefill:
                 w.pause()  # _freeze_mid_transfer runs them in pulses
             tasks = [asyncio.ensure_future(grpc_generate(stub, p, MAX_TOKENS)) for p in prompts]
-            freeze = functools.partial(_freeze_mid_transfer, cluster, role, num_requests, base)
+            freeze = functools.partial(_freeze_mid_transfer, cluster, role, num_requests, counted)
             victim = await asyncio.to_thread(freeze)
             await asyncio.to_thread(fault, cluster, victim)
             return await asyncio.wait_for(asyncio.gather(*tasks), 180)
