@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pdserve.launch import DEFAULT_DECODE_NICE
 from pdserve.options import add_engine_args, engine_config_from_args
 from pdserve.serve_disaggregated import add_cluster_args
 
@@ -237,6 +238,16 @@ def _add_serve_parser(sub: Any) -> None:
     workers.add_argument("--prefill-max-num-batched-tokens", type=int, default=4096)
     workers.add_argument("--decode-cpus", default=None, help="pin decode, e.g. 1 (like taskset)")
     workers.add_argument("--prefill-cpus", default=None, help="pin prefill, e.g. 0")
+    workers.add_argument(
+        "--decode-nice",
+        type=int,
+        default=DEFAULT_DECODE_NICE,
+        help="the decode workers' niceness, 0-19: where they share cores with the prefill "
+        "workers, a higher value lets prompts take the CPU first (shorter TTFT, longer TPOT)",
+    )
+    workers.add_argument(
+        "--prefill-nice", type=int, default=0, help="the prefill workers' niceness, 0-19"
+    )
     workers.add_argument("--worker-start-timeout-s", type=float, default=300.0)
     workers.add_argument(
         "--kv-lease-s",

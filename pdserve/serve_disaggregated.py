@@ -99,6 +99,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
     """Router in this process; ``--prefill-workers`` + ``--decode-workers`` child processes."""
     from engine.demo_model import demo_model_path
     from pdserve.launch import (
+        check_nice,
         parse_cpus,
         serve_kv_transport,
         start_worker,
@@ -110,6 +111,14 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
 
     if a.prefill_workers < 1 or a.decode_workers < 1:
         print("error: --prefill-workers and --decode-workers must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        nice = {
+            "decode": check_nice(a.decode_nice, "--decode-nice"),
+            "prefill": check_nice(a.prefill_nice, "--prefill-nice"),
+        }
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     model = a.model or str(demo_model_path())  # build the demo once, before the children
     common = [
@@ -168,7 +177,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
                     "--metrics-port",
                     str(metrics_port + i if metrics_port > 0 else metrics_port),
                 ]
-                procs.append(start_worker(role, model, port, args, cpus))
+                procs.append(start_worker(role, model, port, args, cpus, nice[role]))
                 targets[role].append(f"{a.worker_host}:{port}")
         for target, proc in zip([*targets["decode"], *targets["prefill"]], procs, strict=True):
             wait_healthy(target, proc, a.worker_start_timeout_s, security.router_tls)

@@ -1,9 +1,12 @@
 """`pdserve serve` in disaggregated mode, driven by the official openai client: the router
 process, a prefill worker and a decode worker (KV over TCP) give HF's greedy tokens; a
-cancelled stream leaves the decode pool free; a bad request gets 400 and serving goes on."""
+cancelled stream leaves the decode pool free; a bad request gets 400 and serving goes on; the
+workers run at the niceness their flags ask."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +30,7 @@ def server(model_factory) -> Iterator[tuple[Server, Path]]:  # type: ignore[no-u
         "tcp",
         "--prefill-max-num-batched-tokens",
         "16",
+        *("--decode-nice", "3", "--prefill-nice", "1"),
         colocated=False,
     )
     try:
@@ -89,3 +93,40 @@ def test_cancelled_stream_and_bad_input(server: tuple[Server, Path]) -> None:
         timeout=60,
     )
     assert ok.status_code == 200
+
+
+def _children(pid: int) -> dict[str, int]:
+    """``pid``'s worker children: role -> niceness (field 19 of /proc/PID/stat)."""
+    found: dict[str, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)"
+        if int(fields[1]) != pid:  # ppid
+            continue
+        for role in ("prefill", "decode"):
+            if f"{role}_service".encode() in cmdline:
+                found[role] = int(fields[16])
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_run_at_the_niceness_asked(server: tuple[Server, Path]) -> None:
+    srv, _ = server
+    assert _children(srv.process.pid) == {"decode": 3, "prefill": 1}
+
+
+def test_a_niceness_out_of_range_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pdserve", "serve", "--model", str(tmp_path), "--decode-nice", "-5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--decode-nice must be 0 (no change) to 19 (lowest priority), got -5" in done.stderr
