@@ -3,9 +3,10 @@
     python benchmarks/decode_item_model.py [--blocks 21] [--reps 20000] [--rounds 3]
 
 Builds ``benchmarks/decode_item_model.cpp`` with the compiled CPU kernels' compiler, ISA flags
-and vector type (as ``fma_peak.py`` builds its probe) and runs it on one thread: one decode
-work item of SmolLM2-135M's shape (9 rows over 3 KV heads, 64 dims) over ``--blocks`` blocks of
-16 keys, small enough to stay in L2, so what it times is the item's arithmetic, not the memory.
+and vector type (``benchmarks/cxx_probe.py``, as for ``fma_peak.cpp``) and runs it on one
+thread: one decode work item of SmolLM2-135M's shape (9 rows over 3 KV heads, 64 dims) over
+``--blocks`` blocks of 16 keys, small enough to stay in L2, so what it times is the item's
+arithmetic, not the memory.
 Four variants, the rounds alternating them: the kernel's own way (slot-major K/V, scores with
 horizontal sums, P·V through memory), P·V with a head's rows held in registers, K stored
 dimension-major within a block (a row's block scores are whole vectors), and both. Prints each
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.fma_peak import build
+from benchmarks.cxx_probe import build_probe
 
 SOURCE = Path(__file__).resolve().with_name("decode_item_model.cpp")
 VARIANTS = ("slot-major", "held-pv", "dim-major", "dim-major+held-pv")
@@ -37,7 +38,7 @@ TOLERANCE = 1e-5
 def measure(blocks: int, reps: int, rounds: int) -> dict[str, float] | None:
     """Median ns a position per variant, or None without a compiler. Raises when a variant's
     output differs from the kernel's way's by more than TOLERANCE."""
-    binary = build(SOURCE)
+    binary = build_probe(SOURCE)
     if binary is None:
         return None
     out = subprocess.run(

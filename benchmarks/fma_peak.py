@@ -14,37 +14,19 @@ packed kernels can exceed.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.cxx_probe import build_probe
 
 SOURCE = Path(__file__).resolve().with_name("fma_peak.cpp")
 
 
-def build(source: Path = SOURCE) -> Path | None:
-    """The binary of a benchmark's C++ ``source`` (this probe's by default; it includes
-    ``kernels/cpu/vec.h``), built once per source, flags and compiler into the kernels' cache,
-    or None without a compiler."""
-    from kernels.cpu import BASE_FLAGS, ISA_FLAGS, SOURCE_DIR, cache_root, detect_isa
-
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        return None
-    flags = [*BASE_FLAGS, *ISA_FLAGS[detect_isa()], f"-I{SOURCE_DIR}"]
-    h = hashlib.sha256(source.read_bytes())
-    h.update((SOURCE_DIR / "vec.h").read_bytes())
-    h.update(" ".join([cxx, *flags]).encode())
-    binary = cache_root() / "probes" / f"{source.stem}-{h.hexdigest()[:16]}"
-    if not binary.is_file():
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        tmp = binary.with_suffix(".tmp")
-        subprocess.run([cxx, *flags, str(source), "-o", str(tmp)], check=True)
-        tmp.replace(binary)
-    return binary
+def build() -> Path | None:
+    """This probe's binary (``cxx_probe.build_probe``), or None without a compiler."""
+    return build_probe(SOURCE)
 
 
 def measure_fma_peak(threads: int, seconds: float = 1.0) -> float | None:
