@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from tests.router.server_harness import Server, start_router
 from tests.services.workers import (
@@ -41,6 +43,16 @@ class Cluster:
     @property
     def url(self) -> str:
         return self.router.http_url
+
+    def router_samples(self, name: str) -> list[Sample]:
+        """The router's ``/metrics`` samples called ``name`` (a counter's ends in _total)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return [
+            sample
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
 
     def wait_pools_free(self, timeout_s: float = 20.0) -> None:
         """Every live worker's pool fully free (see ``tests.services.workers``), and the router

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
@@ -188,12 +187,10 @@ async def run_mix(
 
 
 def migrations(cluster: Cluster) -> dict[tuple[str, str], float]:
-    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
     return {
         (s.labels["phase"], s.labels["reason"]): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "pdserve_migrations_total" and s.value
+        for s in cluster.router_samples("pdserve_migrations_total")
+        if s.value
     }
 
 

@@ -23,6 +23,7 @@ from tests.conftest import TINY_ARCHS
 from tests.faults.clients import Outcome, http_stream
 from tests.faults.cluster import start_cluster
 from tests.router.server_harness import start_server
+from tests.services.workers import child_pids
 
 GRACE_S = 3.0
 EXIT_SLACK_S = 2.0  # the bound: every process gone within grace + 2 s
@@ -37,20 +38,6 @@ LONG_BLOCKS = 1100
 @pytest.fixture(scope="module")
 def llama(model_factory) -> Path:  # type: ignore[no-untyped-def]
     return model_factory("llama-16k", **TINY_ARCHS["llama"], max_position_embeddings=16_384)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -85,7 +72,7 @@ def test_sigterm_drains_pdserve_serve_within_the_grace(llama: Path) -> None:
         "--shutdown-grace-s", str(GRACE_S),
         colocated=False,
     )  # fmt: skip
-    pids = [server.process.pid, *_children(server.process.pid)]
+    pids = [server.process.pid, *child_pids(server.process.pid)]
     assert len(pids) == 3, pids  # router, prefill and decode
     url = server.http_url
 

@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from protos.pdserve.v1 import control_pb2, control_pb2_grpc
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
@@ -90,12 +88,10 @@ def _worker_id(w: WorkerProcess) -> str:
 
 def _routed_prefill(cluster: Cluster) -> dict[str, float]:
     """Requests the router sent to each prefill worker so far, by worker id."""
-    text = httpx.get(f"{cluster.url}/metrics", timeout=10).text
     return {
         s.labels["worker_id"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "pdserve_router_routed_requests_total" and s.labels["worker_role"] == "prefill"
+        for s in cluster.router_samples("pdserve_router_routed_requests_total")
+        if s.labels["worker_role"] == "prefill"
     }
 
 

@@ -5,6 +5,7 @@ workers run at the niceness their flags ask."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 from tests.conftest import TINY_ARCHS
 from tests.hf_oracle import hf_greedy
 from tests.router.server_harness import Server, start_server
+from tests.services.workers import child_pids
 
 
 @pytest.fixture(scope="module")
@@ -95,30 +97,14 @@ def test_cancelled_stream_and_bad_input(server: tuple[Server, Path]) -> None:
     assert ok.status_code == 200
 
 
-def _children(pid: int) -> dict[str, int]:
-    """``pid``'s worker children: role -> niceness (field 19 of /proc/PID/stat)."""
-    found: dict[str, int] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # exited meanwhile
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)"
-        if int(fields[1]) != pid:  # ppid
-            continue
-        for role in ("prefill", "decode"):
-            if f"{role}_service".encode() in cmdline:
-                found[role] = int(fields[16])
-    return found
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_run_at_the_niceness_asked(server: tuple[Server, Path]) -> None:
     srv, _ = server
-    assert _children(srv.process.pid) == {"decode": 3, "prefill": 1}
+    niceness = {}
+    for pid in child_pids(srv.process.pid):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        role = "decode" if b"decode_service" in cmdline else "prefill"
+        niceness[role] = os.getpriority(os.PRIO_PROCESS, pid)
+    assert niceness == {"decode": 3, "prefill": 1}
 
 
 def test_a_niceness_out_of_range_is_refused_before_any_worker_starts(tmp_path: Path) -> None:

@@ -140,6 +140,21 @@ def _kill_leftovers() -> None:
             proc.kill()
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            except OSError:
+                continue  # exited meanwhile
+            if int(fields[1]) == pid:  # ppid
+                found.append(int(entry))
+    return found
+
+
 def spawn_worker(
     role: str, model: Path, *args: str, num_kv_blocks: int = 128, port: int | None = None
 ) -> WorkerProcess:
