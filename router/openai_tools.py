@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.structured.spec import StructuredOutput
+from engine.structured.spec import JSON_OPTIONS, StructuredOutput
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -103,6 +103,9 @@ def tool_grammar(
         for t in chosen
     ]
     schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+    # Compact JSON, as response formats get: with llguidance's default (whitespace allowed
+    # between any tokens) a model could fill max_tokens with blanks inside a call.
+    schema = {**schema, "x-guidance": JSON_OPTIONS}
     repeat = ' ("\\n" call)*' if parallel else ""
     lark = (
         f"start: call{repeat}\n"

@@ -27,8 +27,10 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 Kind = Literal["json", "json_object", "regex", "choice", "grammar"]
 KINDS: tuple[Kind, ...] = ("json", "json_object", "regex", "choice", "grammar")
 
-# JSON without optional whitespace: a model cannot pad its output with endless blanks.
-_JSON_OPTIONS: Any = {"whitespace_flexible": False}
+# JSON without optional whitespace: a model cannot pad its output with endless blanks. Every
+# JSON this server forces uses it: response formats here, and tool calls' bodies, whose Lark
+# grammar carries it as the schema's "x-guidance" (router/openai_tools.py).
+JSON_OPTIONS: Any = {"whitespace_flexible": False}
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,13 @@ class StructuredOutput:
             if self.kind == "json":
                 return str(
                     llguidance.LLMatcher.grammar_from_json_schema(
-                        json.loads(self.value), defaults=_JSON_OPTIONS
+                        json.loads(self.value), defaults=JSON_OPTIONS
                     )
                 )
             if self.kind == "json_object":
                 return str(
                     llguidance.LLMatcher.grammar_from_json_schema(
-                        {"type": "object"}, defaults=_JSON_OPTIONS
+                        {"type": "object"}, defaults=JSON_OPTIONS
                     )
                 )
             if self.kind == "regex":

@@ -76,6 +76,9 @@ def test_forcing_grammar_accepts_exactly_the_calls() -> None:
     assert accepts(one) and accepts(one + "\n" + one.replace('"f","arguments":{"x":3}',
                                                             '"g","arguments":{}'))  # fmt: skip
     assert not accepts('<tool_call>\n{"name":"h","arguments":{}}\n</tool_call>')
+    # Compact JSON only, as for response formats: no blanks for a model to pad a call with.
+    assert not accepts('<tool_call>\n{"name" :\r "f","arguments":{"x":3}}\n</tool_call>')
+    assert not accepts('<tool_call>\n{"name":"f","arguments":{"x":3} \t}\n</tool_call>')
     assert not accepts("plain text")
     named = tool_grammar(tools, NamedToolChoice.model_validate(
         {"type": "function", "function": {"name": "g"}}))  # fmt: skip
