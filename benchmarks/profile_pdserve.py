@@ -202,22 +202,28 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
                 f"({floors['layer_weight_bytes'] / 1e6:.0f} MB) {gemm_ms:.1f} ms = "
                 f"{mm_ms / gemm_ms:.2f}x"
             )
-            inside = {k[len("phase:") :]: v for k, v in sums.items() if k.startswith("phase:")}
-            if inside:
-                cells = ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in inside.items())
-                print(f"  inside the fused decoder layers, ms/step: {cells}")
-            peak = floors.get("fma_gflops")
-            if peak:
-                rows = sums["num_tokens"] / n
-                gflop = 2.0 * floors["layer_params"] * rows / 1e9
+        inside = {k[len("phase:") :]: v for k, v in sums.items() if k.startswith("phase:")}
+        if inside:
+            cells = ", ".join(f"{k} {v / n * 1e3:.2f}" for k, v in inside.items())
+            print(f"  inside the fused decoder layers, ms/step: {cells}")
+        peak = floors.get("fma_gflops")
+        if peak and sums["gemm"] > 0:
+            rows = sums["num_tokens"] / n
+            gflop = 2.0 * floors["layer_params"] * rows / 1e9
+            mm_ms = sums["gemm"] / n * 1e3
+            line = (
+                f"  decoder GEMMs: {gflop:.2f} GFLOP a step at {rows:.1f} rows, "
+                f"{gflop / mm_ms * 1e3:.1f} GFLOP/s = {gflop / mm_ms * 1e3 / peak:.0%} of "
+                f"the FMA peak ({peak:.1f} GFLOP/s, benchmarks/fma_peak.py)"
+            )
+            if name == "decode-only steps":
                 at_peak_ms = gflop / peak * 1e3
-                print(
-                    f"  decoder GEMMs: {gflop:.2f} GFLOP a step at {rows:.1f} rows, "
-                    f"{gflop / mm_ms * 1e3:.1f} GFLOP/s = {gflop / mm_ms * 1e3 / peak:.0%} of "
-                    f"the FMA peak ({peak:.1f} GFLOP/s, benchmarks/fma_peak.py); at that peak "
-                    f"{at_peak_ms:.1f} ms = {at_peak_ms / gemm_ms:.2f}x streaming their weights "
-                    "(the least any fp32 kernel reaches)"
+                gemm_ms = floors["layer_weight_bytes"] / (floors["read_gbps"] * 1e9) * 1e3
+                line += (
+                    f"; at that peak {at_peak_ms:.1f} ms = {at_peak_ms / gemm_ms:.2f}x streaming "
+                    "their weights (the least any fp32 kernel reaches)"
                 )
+            print(line)
 
 
 def op_profile(llm: Any, run: Callable[[], int], num_steps: int, skip: int, top: int) -> None:
