@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,14 @@ class Backend(Protocol):
         ...
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> list[int]:
         """Prompt token ids for a chat (and its tools, when the template renders them), from
-        the tokenizer's chat template, with the assistant's generation prompt appended.
-        Raises ValueError("messages ...")."""
+        the tokenizer's chat template, as ``options`` say (by default with the assistant's
+        generation prompt appended). Raises ValueError naming the field."""
         ...
 
     def detokenize(self, token_ids: Sequence[int]) -> str:

@@ -46,7 +46,7 @@ from router.cluster_router import ClusterRouter, Route
 from router.errors import ErrorKind, RequestError
 from router.migration import DEFAULT_MIGRATION_LIMIT, Migrations, MigrationStats, WorkerFailure
 from router.routing import make_policy
-from router.tokenizer_ops import TokenizerOps
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions, TokenizerOps
 from router.worker_calls import WorkerCalls
 from router.worker_errors import Refused
 
@@ -302,9 +302,12 @@ class DisaggregatedBackend:
         return self._text.token_strings(token_ids)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> list[int]:
-        return self._text.render_chat(messages, tools)
+        return self._text.render_chat(messages, tools, options)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self._text.detokenize(token_ids)

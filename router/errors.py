@@ -37,6 +37,9 @@ _FIELDS = {f.name for f in fields(SamplingParams)} | {
     "tools",
     "best_of",
     "logit_bias",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
 }
 
 

@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from router.backend import GenerateRequest, Load, ModelInfo, served_names
 from router.errors import ErrorKind, RequestError
-from router.tokenizer_ops import TokenizerOps
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions, TokenizerOps
 
 
 class LocalEngineBackend:
@@ -92,9 +92,12 @@ class LocalEngineBackend:
         return self._text.token_strings(token_ids)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> list[int]:
-        return self._text.render_chat(messages, tools)
+        return self._text.render_chat(messages, tools, options)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self._text.detokenize(token_ids)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredOutput
 from router.openai_tools import ChatTool, ToolCall, ToolChoice, tool_grammar
+from router.tokenizer_ops import ChatTemplateOptions
 
 
 class _Strict(BaseModel):
@@ -290,6 +291,20 @@ class ChatCompletionRequest(_Common):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat template extras (router/tokenizer_ops.py: ChatTemplateOptions)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_options(self) -> ChatTemplateOptions:
+        """How the chat template renders this request. Raises ValueError naming the field."""
+        options = ChatTemplateOptions(
+            self.add_generation_prompt,
+            self.continue_final_message,
+            self.chat_template_kwargs or {},
+        )
+        options.check([{"role": m.role} for m in self.messages])
+        return options
 
     def tool_mode(self) -> Literal["none", "auto", "forced"]:
         """How tools are used: not at all, parsed from free output, or forced by a grammar."""

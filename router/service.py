@@ -36,6 +36,7 @@ from router.errors import ErrorKind, RequestError, invalid_argument, unknown_mod
 from router.metrics import RouterMetrics
 from router.request_ids import InFlightIds
 from router.request_limits import RequestLimits
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
 
 T = TypeVar("T")
 
@@ -168,6 +169,7 @@ class Router:
         id_prefix: str = "req",
         tools: list[dict[str, Any]] | None = None,
         id_field: str = "request_id",
+        chat_options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> GenerateRequest:
         """Tokenize the prompt (text, token ids or chat messages) and check it fits the model.
 
@@ -183,7 +185,9 @@ class Router:
         try:
             if messages is not None:
                 self.check_text_length(_chat_chars(messages), "messages")
-                ids = await self.run_tokenizer(lambda: self.backend.render_chat(messages, tools))
+                ids = await self.run_tokenizer(
+                    lambda: self.backend.render_chat(messages, tools, chat_options)
+                )
             elif isinstance(prompt, str):
                 self.check_text_length(len(prompt), "prompt")
                 text = prompt

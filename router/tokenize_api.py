@@ -14,11 +14,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import ErrorKind, RequestError
+from router.errors import ErrorKind, RequestError, invalid_argument
 from router.http_body import error_response, parse_body
 from router.openai_protocol import ChatMessage
 from router.openai_tools import ChatTool
 from router.service import Router
+from router.tokenizer_ops import ChatTemplateOptions
 
 
 class _Strict(BaseModel):
@@ -37,6 +38,8 @@ class TokenizeChatRequest(_Strict):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ChatTool] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 
@@ -121,13 +124,13 @@ async def _tokenize(
         router.check_text_length(len(body.prompt), "prompt")
         text, special = body.prompt, body.add_special_tokens
         return await router.run_tokenizer(lambda: backend.tokenize(text, special))
-    if not body.add_generation_prompt:
-        raise RequestError(
-            ErrorKind.INVALID,
-            "add_generation_prompt: only true is supported",
-            "add_generation_prompt",
-        )
     messages = [m.as_template_input() for m in body.messages]
+    options = ChatTemplateOptions(
+        body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {}
+    )
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     router.check_text_length(sum(len(m["content"]) for m in messages), "messages")
-    return await router.run_tokenizer(lambda: backend.render_chat(messages, tools))
+    try:  # options the messages cannot take, or a template that fails on them
+        return await router.run_tokenizer(lambda: backend.render_chat(messages, tools, options))
+    except ValueError as e:
+        raise invalid_argument(e, "messages") from None

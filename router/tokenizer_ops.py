@@ -3,8 +3,48 @@ backend: the engines never see text they did not need to."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+# apply_chat_template's own arguments: a request's chat_template_kwargs cannot set them.
+_RESERVED = frozenset(
+    "messages conversation tools documents chat_template add_generation_prompt "
+    "continue_final_message tokenize padding truncation max_length return_tensors "
+    "return_dict return_assistant_tokens_mask tokenizer_kwargs".split()
+)
+
+
+@dataclass(frozen=True)
+class ChatTemplateOptions:
+    """How a chat renders besides its messages and tools (vLLM's chat request extras):
+    ``add_generation_prompt`` opens the assistant's turn; ``continue_final_message`` leaves
+    the last (assistant) message open for the model to go on with; ``kwargs`` are extra
+    template variables (e.g. Qwen3's ``enable_thinking``)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def check(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Raises ValueError naming the field when the options cannot apply to ``messages``."""
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError(
+                    "continue_final_message: cannot be combined with add_generation_prompt "
+                    "(set add_generation_prompt to false)"
+                )
+            if not messages or messages[-1].get("role") != "assistant":
+                raise ValueError("continue_final_message: the last message must be the assistant's")
+        taken = sorted(k for k in self.kwargs if k in _RESERVED)
+        if taken:
+            raise ValueError(
+                f"chat_template_kwargs: {', '.join(map(repr, taken))} cannot be set here "
+                "(the request's own fields set them)"
+            )
+
+
+DEFAULT_CHAT_OPTIONS = ChatTemplateOptions()
 
 
 class TokenizerOps:
@@ -21,15 +61,25 @@ class TokenizerOps:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> list[int]:
-        """Prompt ids from the tokenizer's chat template, generation prompt appended. Tools
-        go to the template as ``tools`` (templates that do not render tools ignore them)."""
+        """Prompt ids from the tokenizer's chat template, as ``options`` say (by default the
+        generation prompt appended). Tools go to the template as ``tools`` (templates that do
+        not render tools ignore them)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("messages: this model's tokenizer has no chat template")
+        options.check(messages)
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=True
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message,
+                **options.kwargs,
             )
         except Exception as e:  # jinja errors for messages the template cannot render
             raise ValueError(f"messages: the chat template failed: {e}") from e

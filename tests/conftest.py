@@ -45,11 +45,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config._pdserve_held_ports = held  # type: ignore[attr-defined]
 
 
+# The demo model's chat template plus Qwen3's switch for its thinking block, so that the API
+# tests can see a request's chat_template_kwargs reach the template.
+THINKING_SWITCH = (
+    "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.demo_model import train_tokenizer
+    from transformers import PreTrainedTokenizerFast
 
-    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    from engine.demo_model import CHAT_TEMPLATE, train_tokenizer
+
+    folder = train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    tokenizer.chat_template = CHAT_TEMPLATE + THINKING_SWITCH
+    tokenizer.save_pretrained(str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

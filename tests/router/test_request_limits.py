@@ -19,6 +19,7 @@ from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.admission import Admission
 from router.request_limits import RequestLimits
 from router.service import Router
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
 from tests.router.conftest import MAX_MODEL_LEN
 from tests.router.server_harness import Server
 from tests.router.test_router_units import FakeBackend
@@ -202,7 +203,10 @@ class _ThreadRecordingBackend(FakeBackend):
         return super().tokenize(text, add_special_tokens)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> list[int]:
         self.threads.append(threading.current_thread().name)
         return [1, 2, 3]

@@ -21,6 +21,7 @@ from router.errors import ErrorKind, RequestError, invalid_argument
 from router.openai_format import ChatFormatter, CompletionFormatter
 from router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.service import Router
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
 
 
 def test_admission_bounds_and_release_is_idempotent() -> None:
@@ -182,7 +183,10 @@ class FakeBackend:
         return [str(t) for t in token_ids]
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions = DEFAULT_CHAT_OPTIONS,
     ) -> list[int]:
         return self.tokenize("".join(m["content"] for m in messages))
 
