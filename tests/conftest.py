@@ -46,8 +46,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The demo model's chat template plus Qwen3's switch for its thinking block, so that the API
-# tests can see a request's chat_template_kwargs reach the template.
+# tests can see a request's chat_template_kwargs reach the template; it refuses a switch that
+# is not a boolean as templates refuse what they cannot render (raise_exception).
 THINKING_SWITCH = (
+    "{% if enable_thinking is defined and enable_thinking is not boolean %}"
+    "{{ raise_exception('enable_thinking must be true or false') }}{% endif %}"
     "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
     "<think>\n\n</think>\n\n{% endif %}"
 )

@@ -75,6 +75,8 @@ def test_options_that_cannot_apply_are_400(server: Server) -> None:
          "chat_template_kwargs"),
         (CHAT, {"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
         (CHAT, {"continue_final_message": "yes"}, "continue_final_message"),
+        # The template itself refuses it (raise_exception): a 400, not a 500.
+        (CHAT, {"chat_template_kwargs": {"enable_thinking": "no"}}, "messages"),
     ]  # fmt: skip
     with server.http(timeout=60) as http:
         for messages, fields, param in cases:
