@@ -63,6 +63,7 @@ def test_options_render_as_the_template_does(server: Server, tokenizer: Any) -> 
             assert chat.json()["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
     # Every option changed the prompt: none of them was dropped on the way.
     assert len({tuple(r) for r in renders}) == len(renders)
+    server.wait_pool_free()
 
 
 def test_options_that_cannot_apply_are_400(server: Server) -> None:
@@ -91,3 +92,4 @@ def test_options_that_cannot_apply_are_400(server: Server) -> None:
         ok = http.post("/v1/chat/completions", json={"model": "tiny", "messages": CHAT,
                                                      "max_tokens": 2})  # fmt: skip
         assert ok.status_code == 200
+    server.wait_pool_free()
