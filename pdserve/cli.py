@@ -56,11 +56,15 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     if not a.colocated:
         return _serve_disaggregated(a)
     from router.local_backend import LocalEngineBackend
+    from router.tokenizer_ops import load_chat_template
 
     try:
         _router_options(a)  # validate before loading the model
+        template = load_chat_template(a.chat_template)
         config = engine_config_from_args(a)
-        backend = LocalEngineBackend(config, served_model_name=a.served_model_name)
+        backend = LocalEngineBackend(
+            config, served_model_name=a.served_model_name, chat_template=template
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -171,6 +175,12 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a name clients use for the model (repeat for aliases; the first is the primary; "
         "the --model path is accepted too); default: the model folder name",
+    )
+    api.add_argument(
+        "--chat-template",
+        default=None,
+        help="render chats with this Jinja template instead of the tokenizer's (a file, or "
+        "the template text itself), e.g. for a model whose tokenizer has none",
     )
     api.add_argument(
         "--shutdown-grace-s",

@@ -64,6 +64,7 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
     from router.disaggregated_backend import DisaggregatedBackend, policy_options
     from router.routing import make_policy
     from router.security import RouterSecurity
+    from router.tokenizer_ops import load_chat_template
 
     tls = RouterSecurity.from_args(a).worker_tls  # --worker-tls-*: mutual TLS to the workers
     url = redis_url_of(a)
@@ -92,6 +93,7 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
         routing_policy=a.routing_policy,
         cluster=cluster,
         worker_tls=tls,
+        chat_template=load_chat_template(a.chat_template),
     )
 
 
@@ -108,6 +110,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
         wait_healthy,
     )
     from pdserve.launch_security import WorkerLaunchSecurity
+    from router.tokenizer_ops import load_chat_template
 
     if a.prefill_workers < 1 or a.decode_workers < 1:
         print("error: --prefill-workers and --decode-workers must be at least 1", file=sys.stderr)
@@ -117,6 +120,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
             "decode": check_nice(a.decode_nice, "--decode-nice"),
             "prefill": check_nice(a.prefill_nice, "--prefill-nice"),
         }
+        load_chat_template(a.chat_template)  # before any worker starts
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -74,6 +74,7 @@ class DisaggregatedBackend:
         cluster: ClusterRouter | None = None,
         worker_tls: ClientTls | None = None,
         migration_limit: int = DEFAULT_MIGRATION_LIMIT,
+        chat_template: str | None = None,
     ) -> None:
         """Workers come from ``cluster`` (e.g. ``ClusterRouter.redis``) or, without it, from
         the static ``decode_targets`` and ``prefill_targets``. ``stall_timeout_s``: a decode
@@ -84,7 +85,8 @@ class DisaggregatedBackend:
         the prompt, as the kv_aware policy judges). ``worker_tls``: dial static workers over
         mutual TLS (pdserve.tls; a given ``cluster`` brings its own). ``migration_limit``: how
         many times one request may move to other workers after the ones serving it failed
-        (router.migration; 0: fail it instead)."""
+        (router.migration; 0: fail it instead). ``chat_template``: Jinja text that replaces
+        the tokenizer's own."""
         if stall_timeout_s <= 0:
             raise ValueError(f"--stall-timeout-s must be positive, got {stall_timeout_s}")
         if migration_limit < 0:
@@ -105,7 +107,7 @@ class DisaggregatedBackend:
                 tls=worker_tls,
             )
         mc = load_model_card(model)
-        self._text = TokenizerOps(model)
+        self._text = TokenizerOps(model, chat_template)
         names = served_names(served_model_name, mc.path)
         self._info = ModelInfo(
             model=names[0],

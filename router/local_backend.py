@@ -24,13 +24,16 @@ class LocalEngineBackend:
     """
 
     def __init__(
-        self, config: EngineConfig, served_model_name: str | Sequence[str] | None = None
+        self,
+        config: EngineConfig,
+        served_model_name: str | Sequence[str] | None = None,
+        chat_template: str | None = None,
     ) -> None:
 
         engine = LLMEngine(config)
         mc = engine.model_config
         self._engine = AsyncEngine(engine)
-        self._text = TokenizerOps(mc.path)
+        self._text = TokenizerOps(mc.path, chat_template)
         names = served_names(served_model_name, mc.path)
         self._info = ModelInfo(
             model=names[0],

@@ -48,8 +48,11 @@ DEFAULT_CHAT_OPTIONS = ChatTemplateOptions()
 
 
 class TokenizerOps:
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, chat_template: str | None = None) -> None:
+        """``chat_template``: Jinja text that replaces the tokenizer's own (load_chat_template)."""
         self.tokenizer: Any = load_tokenizer(model_path)
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -85,6 +88,30 @@ class TokenizerOps:
             raise ValueError(f"messages: the chat template failed: {e}") from e
         # The template writes any BOS itself.
         return self.tokenize(str(text), add_special_tokens=False)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template`` as vLLM takes it: a file's path, or the template text itself. The
+    template is parsed here, so a server with a broken one refuses to start. Raises
+    ValueError naming the flag."""
+    if value is None:
+        return None
+    from pathlib import Path
+
+    import jinja2
+
+    path = Path(value)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template: line {e.lineno}: {e.message}") from None
+    return text
 
 
 def load_tokenizer(model_path: str) -> Any:

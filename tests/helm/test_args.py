@@ -90,3 +90,16 @@ def test_download_init_container_args_parse_with_the_hf_cli(tmp_path: Path) -> N
         assert r.returncode == 1, r.stdout + r.stderr
         assert "offline mode is enabled" in r.stdout + r.stderr
     assert example_values("keda")["model"]["source"] == "huggingface"
+
+
+def test_a_chat_template_reaches_the_router_verbatim() -> None:
+    # Jinja's braces, both quotes and newlines: Helm must neither evaluate nor reflow them.
+    template = (
+        "{% for m in messages %}[{{ m['role'] | upper }}] {{ m[\"content\"] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
+    )
+    rendered = render({"router": {"flags": {"chatTemplate": template}}})
+    (router,) = [c for c in containers(objects(rendered)) if c.role == "router" and not c.init]
+    args = router.spec["args"]
+    assert args[args.index("--chat-template") + 1] == template
+    assert not parse_pdserve_args(args).unknown_flags
