@@ -284,10 +284,22 @@ def open_sync_channel(target: str, tls: ClientTls | None) -> grpc.Channel:
 
 
 def add_port(server: grpc.aio.Server, address: str, tls: ServerTls | None) -> int:
-    """Bind ``address`` plain or with TLS; returns the port (0 when it could not bind)."""
-    if tls is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, grpc_server_credentials(tls))
+    """Bind ``address`` plain or with TLS; returns the port. Raises OSError naming the address
+    when it cannot bind (grpcio raises a RuntimeError that names no cause; older ones
+    returned 0)."""
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, grpc_server_credentials(tls))
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(
+            f"cannot listen for gRPC on {address}: the port is in use, or the address is not "
+            "one of this machine's"
+        )
+    return port
 
 
 def worker_tls_pair(

@@ -212,9 +212,7 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = add_port(self.server, address, tls)
-        if self.port == 0:
-            raise OSError(f"cannot listen for gRPC on {address}")
+        self.port = add_port(self.server, address, tls)  # OSError naming the address
 
     def _add_generation_service(self, servicer: GenerationServicer) -> None:
         # What pb_grpc.add_GenerationServiceServicer_to_server does, with lenient parsing.
