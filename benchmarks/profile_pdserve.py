@@ -167,6 +167,8 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
         ("unaccounted", "unaccounted (step glue)"),
     ]
     in_steps = sum(s["wall"] for s in steps)
+    bw = floors["read_gbps"] * 1e9
+    gemm_ms = floors["layer_weight_bytes"] / bw * 1e3  # streaming the layers' weights once
     print(f"\nwall {wall_s:.1f} s, {len(steps)} steps, {in_steps:.1f} s inside engine.step")
     for name, group in groups.items():
         if not group:
@@ -189,9 +191,7 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
                 f" {sums[key] / n * 1e3:>8.2f} ms/step"
             )
         if name == "decode-only steps":
-            bw = floors["read_gbps"] * 1e9
             kv_ms = sums["keys"] / n * floors["kv_bytes_per_position"] / bw * 1e3
-            gemm_ms = floors["layer_weight_bytes"] / bw * 1e3
             att_ms = sums["attention"] / n * 1e3
             mm_ms = sums["gemm"] / n * 1e3
             print(
@@ -218,7 +218,6 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
             )
             if name == "decode-only steps":
                 at_peak_ms = gflop / peak * 1e3
-                gemm_ms = floors["layer_weight_bytes"] / (floors["read_gbps"] * 1e9) * 1e3
                 line += (
                     f"; at that peak {at_peak_ms:.1f} ms = {at_peak_ms / gemm_ms:.2f}x streaming "
                     "their weights (the least any fp32 kernel reaches)"

@@ -148,9 +148,11 @@ def _serve_disaggregated(a: argparse.Namespace) -> int:
 def _cmd_router(a: argparse.Namespace) -> int:
     from engine.demo_model import demo_model_path
     from pdserve.serve_disaggregated import make_backend
+    from router.tokenizer_ops import load_chat_template
 
     try:
-        backend = make_backend(a, a.model or str(demo_model_path()), a.decode, a.prefill)
+        template = load_chat_template(a.chat_template)
+        backend = make_backend(a, a.model or str(demo_model_path()), a.decode, a.prefill, template)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

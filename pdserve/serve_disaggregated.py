@@ -56,15 +56,21 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: list[str]) -> Any:
+def make_backend(
+    a: argparse.Namespace,
+    model: str,
+    decode: list[str],
+    prefill: list[str],
+    chat_template: str | None = None,
+) -> Any:
     """The router's DisaggregatedBackend from its flags: Redis when ``--redis-url``, else the
-    static ``decode``/``prefill`` lists."""
+    static ``decode``/``prefill`` lists. ``chat_template``: --chat-template, loaded
+    (router.tokenizer_ops.load_chat_template)."""
     from pdserve.worker_control_args import redis_url_of
     from router.cluster_router import ClusterRouter
     from router.disaggregated_backend import DisaggregatedBackend, policy_options
     from router.routing import make_policy
     from router.security import RouterSecurity
-    from router.tokenizer_ops import load_chat_template
 
     tls = RouterSecurity.from_args(a).worker_tls  # --worker-tls-*: mutual TLS to the workers
     url = redis_url_of(a)
@@ -93,7 +99,7 @@ def make_backend(a: argparse.Namespace, model: str, decode: list[str], prefill: 
         routing_policy=a.routing_policy,
         cluster=cluster,
         worker_tls=tls,
-        chat_template=load_chat_template(a.chat_template),
+        chat_template=chat_template,
     )
 
 
@@ -120,7 +126,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
             "decode": check_nice(a.decode_nice, "--decode-nice"),
             "prefill": check_nice(a.prefill_nice, "--prefill-nice"),
         }
-        load_chat_template(a.chat_template)  # before any worker starts
+        chat_template = load_chat_template(a.chat_template)  # before any worker starts
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -191,6 +197,7 @@ def serve_disaggregated(a: argparse.Namespace, run_router: RunRouter) -> int:
             model,
             targets["decode"] if static else [],
             targets["prefill"] if static else [],
+            chat_template,
         )
         # On SIGTERM/Ctrl-C the router drains first (its requests finish on the workers);
         # then the workers, with nothing left in flight, stop alongside the router's servers.

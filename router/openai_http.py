@@ -122,7 +122,6 @@ def build_app(router: Router) -> FastAPI:
             try:
                 params = body.sampling_params()
                 tool_mode = body.tool_mode()
-                chat_options = body.template_options()
             except ValueError as e:
                 raise invalid_argument(e) from None
             router.check_fanout(1, body.n, body.best_of)
@@ -136,7 +135,7 @@ def build_app(router: Router) -> FastAPI:
                     priority=body.priority,
                     request_id=base,
                     id_field=id_field,
-                    chat_options=chat_options,
+                    chat_options=body.template_options(),
                 )
             ]
             slot = router.admit()

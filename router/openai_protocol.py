@@ -282,7 +282,21 @@ class ChatMessage(_Strict):
         return out
 
 
-class ChatCompletionRequest(_Common):
+class ChatTemplateFields(BaseModel):
+    """vLLM's chat template extras, on chat completions and /tokenize alike. ``render_chat``
+    checks them against the messages (ChatTemplateOptions.check)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_options(self) -> ChatTemplateOptions:
+        return ChatTemplateOptions(
+            self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {}
+        )
+
+
+class ChatCompletionRequest(_Common, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -291,20 +305,6 @@ class ChatCompletionRequest(_Common):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    # vLLM's chat template extras (router/tokenizer_ops.py: ChatTemplateOptions)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def template_options(self) -> ChatTemplateOptions:
-        """How the chat template renders this request. Raises ValueError naming the field."""
-        options = ChatTemplateOptions(
-            self.add_generation_prompt,
-            self.continue_final_message,
-            self.chat_template_kwargs or {},
-        )
-        options.check([{"role": m.role} for m in self.messages])
-        return options
 
     def tool_mode(self) -> Literal["none", "auto", "forced"]:
         """How tools are used: not at all, parsed from free output, or forced by a grammar."""

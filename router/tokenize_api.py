@@ -16,10 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from router.errors import ErrorKind, RequestError, invalid_argument
 from router.http_body import error_response, parse_body
-from router.openai_protocol import ChatMessage
+from router.openai_protocol import ChatMessage, ChatTemplateFields
 from router.openai_tools import ChatTool
 from router.service import Router
-from router.tokenizer_ops import ChatTemplateOptions
 
 
 class _Strict(BaseModel):
@@ -33,13 +32,10 @@ class TokenizeCompletionRequest(_Strict):
     return_token_strs: bool = False
 
 
-class TokenizeChatRequest(_Strict):
+class TokenizeChatRequest(_Strict, ChatTemplateFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ChatTool] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 
@@ -125,9 +121,7 @@ async def _tokenize(
         text, special = body.prompt, body.add_special_tokens
         return await router.run_tokenizer(lambda: backend.tokenize(text, special))
     messages = [m.as_template_input() for m in body.messages]
-    options = ChatTemplateOptions(
-        body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {}
-    )
+    options = body.template_options()
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     router.check_text_length(sum(len(m["content"]) for m in messages), "messages")
     try:  # options the messages cannot take, or a template that fails on them
