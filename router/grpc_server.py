@@ -17,8 +17,10 @@ from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.errors import ErrorKind, RequestError, invalid_argument
 from router.fanout import best_of, expand, stream_all
+from router.grpc_chat import chat_from_proto
 from router.request_ids import check_request_id
 from router.service import Router
+from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
@@ -79,6 +81,25 @@ async def _abort(context: grpc.aio.ServicerContext, e: RequestError) -> None:
         # Ended between the check and the abort: same as above.
 
 
+async def _tokenize(router: Router, request: pb.TokenizeRequest) -> list[int]:
+    """The text's ids, or the chat's as Generate would render it."""
+    if request.HasField("chat"):
+        if request.text or request.HasField("add_special_tokens"):
+            field = "text" if request.text else "add_special_tokens"
+            raise RequestError(
+                ErrorKind.INVALID,
+                f"{field}: give text or chat, not both (a chat template writes any special "
+                "tokens itself)",
+                field,
+            )
+        messages, options = chat_from_proto(request.chat)
+        return await router.prompts.chat(messages, None, options)
+    router.check_text_length(len(request.text), "text")
+    add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+    backend, text = router.backend, request.text
+    return await router.run_tokenizer(lambda: backend.tokenize(text, add_special))
+
+
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -96,7 +117,14 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             except ValueError as e:
                 raise invalid_argument(e) from None
             kind = request.WhichOneof("prompt")
-            prompt = request.text if kind == "text" else list(request.token_ids.ids)
+            prompt: str | list[int] | None = None
+            messages, options = None, DEFAULT_CHAT_OPTIONS
+            if kind == "chat":
+                messages, options = chat_from_proto(request.chat)
+            elif kind == "text":
+                prompt = request.text
+            elif kind == "token_ids":
+                prompt = list(request.token_ids.ids)
             n = request.n or 1
             runs = request.best_of or n
             if n < 1 or runs < n:
@@ -110,9 +138,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 check_request_id(request.request_id)
             greq = await router.prepare(
                 params,
-                prompt=prompt if kind is not None else None,
+                prompt=prompt,
+                messages=messages,
                 priority=request.priority,
                 request_id=request.request_id or None,
+                chat_options=options,
             )
             if runs > n and params.logprobs is None:
                 greq = router.with_logprobs(greq)
@@ -158,15 +188,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             if (bad := _undecodable(request)) is not None:
                 raise bad
             router.check_model(request.model)
-            router.check_text_length(len(request.text), "text")
+            ids = await _tokenize(router, request)
         except RequestError as e:
             await _abort(context, e)
             return pb.TokenizeResponse()  # the call had ended: nobody reads this
-        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        backend = router.backend
-        text = request.text
-        ids = await router.run_tokenizer(lambda: backend.tokenize(text, add_special))
-        return pb.TokenizeResponse(token_ids=ids, tokens=backend.token_strings(ids))
+        return pb.TokenizeResponse(token_ids=ids, tokens=router.backend.token_strings(ids))
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

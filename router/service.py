@@ -24,7 +24,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +33,7 @@ from router.admission import Admission, AdmissionRejected, Slot
 from router.backend import Backend, GenerateRequest
 from router.errors import ErrorKind, RequestError, invalid_argument, unknown_model
 from router.metrics import RouterMetrics
+from router.prompts import Prompts
 from router.request_ids import InFlightIds
 from router.request_limits import RequestLimits
 from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
@@ -57,13 +57,8 @@ class Router:
         self.model_name = info.model
         self.metrics = metrics or RouterMetrics("router", self.model_name)
         self.metrics.watch(admission, backend)
-        # Tokenizer work runs here, off the event loop, so a long prompt or chat template
-        # never stalls other requests' streams (the tokenizer releases the GIL while it
-        # encodes). One thread: a tokenizer object is not made for concurrent calls.
-        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="pdserve-tokenize")
-        self.limits = limits or RequestLimits.for_model(
-            info.max_model_len, _longest_token_chars(backend, info.vocab_size)
-        )
+        self.prompts = Prompts(backend, limits)  # prompts to ids, on the tokenizer thread
+        self.limits = self.prompts.limits
         self.served_names = info.served_names or (info.model,)
         # A client may name the model by any served name or by the path it was loaded from.
         self._accepted_names = set(self.served_names)
@@ -76,19 +71,11 @@ class Router:
 
     async def run_tokenizer(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn)
+        return await self.prompts.run(fn)
 
     def check_text_length(self, text_chars: int, field: str) -> None:
         """Refuse, before tokenizing it, a text too long to fit the model in any tokenization."""
-        if text_chars > self.limits.max_prompt_chars:
-            info = self.backend.model_info()
-            raise RequestError(
-                ErrorKind.INVALID,
-                f"{field} is {text_chars} characters; no text longer than "
-                f"{self.limits.max_prompt_chars} characters fits in max_model_len "
-                f"({info.max_model_len}) tokens",
-                field,
-            )
+        self.prompts.check_text_length(text_chars, field)
 
     @property
     def is_draining(self) -> bool:
@@ -182,38 +169,7 @@ class Router:
         field = "messages" if messages is not None else "prompt"
         info = self.backend.model_info()
         self.check_params(params)
-        try:
-            if messages is not None:
-                self.check_text_length(_chat_chars(messages), "messages")
-                ids = await self.run_tokenizer(
-                    lambda: self.backend.render_chat(messages, tools, chat_options)
-                )
-            elif isinstance(prompt, str):
-                self.check_text_length(len(prompt), "prompt")
-                text = prompt
-                ids = await self.run_tokenizer(lambda: self.backend.tokenize(text))
-            elif prompt is not None:
-                ids = list(prompt)
-                if len(ids) >= info.max_model_len:
-                    raise _too_long(field, len(ids), info.max_model_len)
-                for t in ids:
-                    if (
-                        isinstance(t, bool)
-                        or not isinstance(t, int)
-                        or not 0 <= t < info.vocab_size
-                    ):
-                        raise ValueError(
-                            f"prompt: token ids must be integers in [0, {info.vocab_size}), "
-                            f"got {t!r}"
-                        )
-            else:
-                raise ValueError("prompt: give a text prompt or token ids")
-            if not ids:
-                raise ValueError(f"{field} must not be empty")
-            if len(ids) >= info.max_model_len:
-                raise _too_long(field, len(ids), info.max_model_len)
-        except ValueError as e:
-            raise invalid_argument(e, field) from None
+        ids = await self.prompts.ids(prompt, messages, tools, chat_options)
         if params.max_tokens is not None and len(ids) + params.max_tokens > info.max_model_len:
             raise RequestError(
                 ErrorKind.INVALID,
@@ -369,27 +325,3 @@ class Router:
         finally:
             record.close()
             await outputs.aclose()  # aborts the request unless it finished
-
-
-def _too_long(field: str, num_tokens: int, max_model_len: int) -> ValueError:
-    return ValueError(
-        f"{field} is {num_tokens} tokens; it must be shorter than the model's "
-        f"max_model_len ({max_model_len}) to leave room for output"
-    )
-
-
-def _chat_chars(messages: list[dict[str, Any]]) -> int:
-    """Characters of every message's text: the rendered prompt holds at least these."""
-    total = 0
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, str):
-            total += len(content)
-    return total
-
-
-def _longest_token_chars(backend: Backend, vocab_size: int) -> int:
-    """Characters of the longest token's text, plus one: a token may stand for a space its
-    text alone leaves out (sentencepiece's leading "▁")."""
-    strings = backend.token_strings(range(vocab_size))
-    return max((len(s) for s in strings), default=1) + 1

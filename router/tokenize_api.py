@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import ErrorKind, RequestError, invalid_argument
+from router.errors import ErrorKind, RequestError
 from router.http_body import error_response, parse_body
 from router.openai_protocol import ChatMessage, ChatTemplateFields
 from router.openai_tools import ChatTool
@@ -123,8 +123,4 @@ async def _tokenize(
     messages = [m.as_template_input() for m in body.messages]
     options = body.template_options()
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    router.check_text_length(sum(len(m["content"]) for m in messages), "messages")
-    try:  # options the messages cannot take, or a template that fails on them
-        return await router.run_tokenizer(lambda: backend.render_chat(messages, tools, options))
-    except ValueError as e:
-        raise invalid_argument(e, "messages") from None
+    return await router.prompts.chat(messages, tools, options)

@@ -23,9 +23,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/pdserve/v1/generate.proto\x12\npdserve.v1\"\x8b\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x02 \x01(\x05\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\x05top_p\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x04\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0b \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0c \x01(\x08H\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\r \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0e \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x0f \x01(\x01H\x06\x88\x01\x01\x12=\n\nlogit_bias\x18\x10 \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x30\n\nstructured\x18\x11 \x01(\x0b\x32\x1c.pdserve.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x15\n\x13_repetition_penalty\"/\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xdc\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\r\n\x05model\x18\x06 \x01(\t\x12\t\n\x01n\x18\x07 \x01(\x05\x12\x0f\n\x07\x62\x65st_of\x18\x08 \x01(\x05\x42\x08\n\x06prompt\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"_\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12,\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x16.pdserve.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\x89\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x12\n\x08stop_str\x18\x07 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x08 \x01(\x05H\x00\x12 \n\x05usage\x18\t \x01(\x0b\x32\x11.pdserve.v1.Usage\x12\r\n\x05index\x18\n \x01(\x05\x42\r\n\x0bstop_reason\"f\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05model\x18\x03 \x01(\tB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\xad\x01\n\x04Load\x12\x12\n\nnum_blocks\x18\x01 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\x05\x12\x1c\n\x14num_running_requests\x18\x03 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x04 \x01(\x05\x12\x1d\n\x15num_inflight_requests\x18\x05 \x01(\x05\x12\x1d\n\x15max_inflight_requests\x18\x06 \x01(\x05\"\xb5\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x1e\n\x04load\x18\x08 \x01(\x0b\x32\x10.pdserve.v1.Load2\xeb\x01\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a\x15.pdserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/pdserve/v1/generate.proto\x12\npdserve.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x8b\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x02 \x01(\x05\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\x05top_p\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x04\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0b \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0c \x01(\x08H\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\r \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0e \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x0f \x01(\x01H\x06\x88\x01\x01\x12=\n\nlogit_bias\x18\x10 \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x30\n\nstructured\x18\x11 \x01(\x0b\x32\x1c.pdserve.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x16\n\x14_skip_special_tokensB\x15\n\x13_repetition_penalty\"/\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x14\n\x07\x63ontent\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04name\x18\x03 \x01(\tB\n\n\x08_content\"\xcc\x01\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x03 \x01(\x08\x12\x35\n\x14\x63hat_template_kwargs\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x18\n\x16_add_generation_prompt\"\x84\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\t \x01(\x0b\x32\x16.pdserve.v1.ChatPromptH\x00\x12\x33\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\r\n\x05model\x18\x06 \x01(\t\x12\t\n\x01n\x18\x07 \x01(\x05\x12\x0f\n\x07\x62\x65st_of\x18\x08 \x01(\x05\x42\x08\n\x06prompt\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"_\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12,\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x16.pdserve.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\x89\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x12\n\x08stop_str\x18\x07 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x08 \x01(\x05H\x00\x12 \n\x05usage\x18\t \x01(\x0b\x32\x11.pdserve.v1.Usage\x12\r\n\x05index\x18\n \x01(\x05\x42\r\n\x0bstop_reason\"\x8c\x01\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05model\x18\x03 \x01(\t\x12$\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x16.pdserve.v1.ChatPromptB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\"\xad\x01\n\x04Load\x12\x12\n\nnum_blocks\x18\x01 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\x05\x12\x1c\n\x14num_running_requests\x18\x03 \x01(\x05\x12\x1c\n\x14num_waiting_requests\x18\x04 \x01(\x05\x12\x1d\n\x15num_inflight_requests\x18\x05 \x01(\x05\x12\x1d\n\x15max_inflight_requests\x18\x06 \x01(\x05\"\xb5\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x1e\n\x04load\x18\x08 \x01(\x0b\x32\x10.pdserve.v1.Load2\xeb\x01\n\x11GenerationService\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12\x45\n\x08Tokenize\x12\x1b.pdserve.v1.TokenizeRequest\x1a\x1c.pdserve.v1.TokenizeResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a\x15.pdserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,34 +35,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_SAMPLINGPARAMS']._serialized_start=49
-  _globals['_SAMPLINGPARAMS']._serialized_end=700
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=542
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=590
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=702
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=749
-  _globals['_TOKENIDS']._serialized_start=751
-  _globals['_TOKENIDS']._serialized_end=774
-  _globals['_GENERATEREQUEST']._serialized_start=777
-  _globals['_GENERATEREQUEST']._serialized_end=997
-  _globals['_TOPLOGPROB']._serialized_start=999
-  _globals['_TOPLOGPROB']._serialized_end=1046
-  _globals['_TOKENLOGPROB']._serialized_start=1048
-  _globals['_TOKENLOGPROB']._serialized_end=1143
-  _globals['_USAGE']._serialized_start=1145
-  _globals['_USAGE']._serialized_end=1225
-  _globals['_GENERATERESPONSE']._serialized_start=1228
-  _globals['_GENERATERESPONSE']._serialized_end=1493
-  _globals['_TOKENIZEREQUEST']._serialized_start=1495
-  _globals['_TOKENIZEREQUEST']._serialized_end=1597
-  _globals['_TOKENIZERESPONSE']._serialized_start=1599
-  _globals['_TOKENIZERESPONSE']._serialized_end=1652
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1654
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1675
-  _globals['_LOAD']._serialized_start=1678
-  _globals['_LOAD']._serialized_end=1851
-  _globals['_MODELINFO']._serialized_start=1854
-  _globals['_MODELINFO']._serialized_end=2035
-  _globals['_GENERATIONSERVICE']._serialized_start=2038
-  _globals['_GENERATIONSERVICE']._serialized_end=2273
+  _globals['_SAMPLINGPARAMS']._serialized_start=79
+  _globals['_SAMPLINGPARAMS']._serialized_end=730
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=572
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=620
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=732
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=779
+  _globals['_TOKENIDS']._serialized_start=781
+  _globals['_TOKENIDS']._serialized_end=804
+  _globals['_CHATMESSAGE']._serialized_start=806
+  _globals['_CHATMESSAGE']._serialized_end=881
+  _globals['_CHATPROMPT']._serialized_start=884
+  _globals['_CHATPROMPT']._serialized_end=1088
+  _globals['_GENERATEREQUEST']._serialized_start=1091
+  _globals['_GENERATEREQUEST']._serialized_end=1351
+  _globals['_TOPLOGPROB']._serialized_start=1353
+  _globals['_TOPLOGPROB']._serialized_end=1400
+  _globals['_TOKENLOGPROB']._serialized_start=1402
+  _globals['_TOKENLOGPROB']._serialized_end=1497
+  _globals['_USAGE']._serialized_start=1499
+  _globals['_USAGE']._serialized_end=1579
+  _globals['_GENERATERESPONSE']._serialized_start=1582
+  _globals['_GENERATERESPONSE']._serialized_end=1847
+  _globals['_TOKENIZEREQUEST']._serialized_start=1850
+  _globals['_TOKENIZEREQUEST']._serialized_end=1990
+  _globals['_TOKENIZERESPONSE']._serialized_start=1992
+  _globals['_TOKENIZERESPONSE']._serialized_end=2045
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2047
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2068
+  _globals['_LOAD']._serialized_start=2071
+  _globals['_LOAD']._serialized_end=2244
+  _globals['_MODELINFO']._serialized_start=2247
+  _globals['_MODELINFO']._serialized_end=2428
+  _globals['_GENERATIONSERVICE']._serialized_start=2431
+  _globals['_GENERATIONSERVICE']._serialized_end=2666
 # @@protoc_insertion_point(module_scope)
