@@ -17,7 +17,7 @@ from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.errors import ErrorKind, RequestError, invalid_argument
 from router.fanout import best_of, expand, stream_all
-from router.grpc_chat import chat_from_proto
+from router.grpc_chat import ToolCallsOut, chat_from_proto
 from router.request_ids import check_request_id
 from router.service import Router
 from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS
@@ -92,8 +92,8 @@ async def _tokenize(router: Router, request: pb.TokenizeRequest) -> list[int]:
                 "tokens itself)",
                 field,
             )
-        messages, options = chat_from_proto(request.chat)
-        return await router.prompts.chat(messages, None, options)
+        chat = chat_from_proto(request.chat)
+        return await router.prompts.chat(chat.messages, chat.tools, chat.options)
     router.check_text_length(len(request.text), "text")
     add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
     backend, text = router.backend, request.text
@@ -118,10 +118,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 raise invalid_argument(e) from None
             kind = request.WhichOneof("prompt")
             prompt: str | list[int] | None = None
-            messages, options = None, DEFAULT_CHAT_OPTIONS
-            if kind == "chat":
-                messages, options = chat_from_proto(request.chat)
-            elif kind == "text":
+            chat = chat_from_proto(request.chat) if kind == "chat" else None
+            if chat is not None and chat.grammar is not None:
+                if params.structured is not None:
+                    raise RequestError(
+                        ErrorKind.INVALID,
+                        "chat.tool_choice: a forced tool call cannot be combined with "
+                        "sampling_params.structured",
+                        "chat",
+                    )
+                try:  # e.g. ignore_eos, which a grammar that decides the end refuses
+                    params = dataclasses.replace(params, structured=chat.grammar)
+                except ValueError as e:
+                    raise invalid_argument(e) from None
+            if kind == "text":
                 prompt = request.text
             elif kind == "token_ids":
                 prompt = list(request.token_ids.ids)
@@ -139,10 +149,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             greq = await router.prepare(
                 params,
                 prompt=prompt,
-                messages=messages,
+                messages=chat.messages if chat is not None else None,
                 priority=request.priority,
                 request_id=request.request_id or None,
-                chat_options=options,
+                tools=chat.tools if chat is not None else None,
+                chat_options=chat.options if chat is not None else DEFAULT_CHAT_OPTIONS,
             )
             if runs > n and params.logprobs is None:
                 greq = router.with_logprobs(greq)
@@ -152,6 +163,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             await _abort(context, e)
             return
         sequences = expand([greq], runs)
+        tool_calls = ToolCallsOut() if chat is not None and chat.parses_tools else None
         with slot:
             deadline = router.deadline(context.time_remaining())
             try:
@@ -159,6 +171,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     async for index, out in stream_all(router, sequences, deadline):
                         msg = delta_to_proto(out)
                         msg.index = index
+                        if tool_calls is not None:
+                            tool_calls.apply(index, out, out.new_text, msg)
                         yield msg
                     return
                 finals = {}
@@ -176,6 +190,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                         )
                     )
                     msg.index = index
+                    if tool_calls is not None:
+                        tool_calls.apply(index, out, out.text, msg)
                     yield msg
             except RequestError as e:
                 await _abort(context, e)

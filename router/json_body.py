@@ -14,7 +14,8 @@ from typing import Any
 from router.errors import ErrorKind, RequestError
 
 
-def _no_constant(name: str) -> Any:
+def refuse_constant(name: str) -> Any:
+    """``json.loads``'s ``parse_constant``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
@@ -27,7 +28,7 @@ def parse_json_object(raw: bytes, max_depth: int) -> dict[str, Any]:
             ErrorKind.INVALID, f"the body is not valid UTF-8 (byte {e.start})"
         ) from None
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = json.loads(text, parse_constant=refuse_constant)
     except json.JSONDecodeError as e:
         raise RequestError(ErrorKind.INVALID, f"malformed JSON: {e}") from None
     except ValueError as e:
@@ -55,7 +56,7 @@ def check_json_value(obj: object, max_depth: int) -> None:
         if len(path) >= max_depth:
             raise RequestError(
                 ErrorKind.INVALID,
-                f"{_dotted(path)}: the body nests deeper than {max_depth} levels",
+                f"{_dotted(path)}: nests deeper than {max_depth} levels",
                 _top(path),
             )
         if isinstance(value, dict):

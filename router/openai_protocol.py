@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredOutput
-from router.openai_tools import ChatTool, ToolCall, ToolChoice, tool_grammar
+from router.openai_tools import ChatTool, ToolCall, ToolChoice, tool_grammar, tool_mode
 from router.tokenizer_ops import ChatTemplateOptions
 
 
@@ -308,16 +308,7 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
 
     def tool_mode(self) -> Literal["none", "auto", "forced"]:
         """How tools are used: not at all, parsed from free output, or forced by a grammar."""
-        choice = self.tool_choice
-        if not self.tools:
-            if choice not in (None, "none"):
-                raise ValueError("tool_choice: needs tools")
-            return "none"
-        if choice is None or choice == "auto":
-            return "auto"
-        if choice == "none":
-            return "none"
-        return "forced"
+        return tool_mode(self.tools, self.tool_choice)
 
     def sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens

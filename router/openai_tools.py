@@ -78,6 +78,21 @@ class ToolCall(_Strict):
         }
 
 
+def tool_mode(
+    tools: list[ChatTool] | None, choice: ToolChoice | None
+) -> Literal["none", "auto", "forced"]:
+    """How tools are used: not at all, parsed from free output, or forced by a grammar."""
+    if not tools:
+        if choice not in (None, "none"):
+            raise ValueError("tool_choice: needs tools")
+        return "none"
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return "none"
+    return "forced"
+
+
 def tool_grammar(
     tools: list[ChatTool], choice: ToolChoice, parallel: bool = True
 ) -> StructuredOutput:

@@ -55,6 +55,19 @@ THINKING_SWITCH = (
     "<think>\n\n</think>\n\n{% endif %}"
 )
 
+# Tools and a conversation's tool calls, as a tool-calling model's template renders them
+# (Hermes/Qwen2.5 write them in the system turn and as <tool_call> blocks), so that the tests
+# can see a request's tools and call history reach the template.
+TOOLS_SECTION = (
+    "{% if tools %}<|im_start|>system\n<tools>{{ tools | tojson }}</tools><|im_end|>\n{% endif %}"
+)
+TOOL_HISTORY = (
+    "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+    "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+    "{% if m.tool_call_id %}<tool_response>{{ m.tool_call_id }}</tool_response>{% endif %}"
+    "{% endfor %}"
+)
+
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -64,7 +77,7 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
-    tokenizer.chat_template = CHAT_TEMPLATE + THINKING_SWITCH
+    tokenizer.chat_template = TOOLS_SECTION + CHAT_TEMPLATE + TOOL_HISTORY + THINKING_SWITCH
     tokenizer.save_pretrained(str(folder))
     return folder
 

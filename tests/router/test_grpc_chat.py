@@ -6,6 +6,7 @@ field, and the server goes on serving."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.router.server_harness import Server
 from tests.router.test_chat_template_options import CASES, CHAT, OPEN
+from tests.router.test_openai_features import TIME, WEATHER
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,7 +82,6 @@ def test_chat_renders_and_generates_as_the_template_does(
 BAD: list[tuple[pb.ChatPrompt, str]] = [
     (pb.ChatPrompt(), "chat.messages: "),
     (chat_prompt([{"role": "robot", "content": "hi"}]), "chat.messages[0].role: "),
-    (chat_prompt([*CHAT, {"role": "tool", "content": "42"}]), "chat.messages[1].role: "),
     (chat_prompt([{"role": "user"}]), "chat.messages[0].content: "),
     (chat_prompt(OPEN, continue_final_message=True), "continue_final_message: "),
     (
@@ -121,3 +122,162 @@ def test_tokenize_takes_text_or_chat(server: Server, stub: pb_grpc.GenerationSer
     # The server goes on serving everyone.
     assert sum(len(m.token_ids) for m in generate(stub, chat=chat)) == 5
     server.wait_pool_free()
+
+
+# ---- tools ------------------------------------------------------------------------------------
+
+
+def tool_proto(tool: dict[str, Any]) -> pb.Tool:
+    """A tool as HTTP takes it ({"type": "function", "function": {...}}) in the proto."""
+    f = tool["function"]
+    parameters = json.dumps(f["parameters"]) if "parameters" in f else ""
+    return pb.Tool(name=f["name"], description=f.get("description", ""), parameters=parameters)
+
+
+def calls_of(msgs: list[pb.GenerateResponse]) -> list[tuple[str, Any]]:
+    return [(c.name, json.loads(c.arguments)) for m in msgs for c in m.tool_calls]
+
+
+ASK: Any = [{"role": "user", "content": "weather in Paris?"}]
+
+
+@pytest.mark.parametrize(
+    "http_choice,grpc_choice",
+    [
+        ("required", {"tool_choice_mode": "required"}),
+        (
+            {"type": "function", "function": {"name": "get_time"}},
+            {"tool_choice_function": "get_time"},
+        ),
+    ],
+    ids=["required", "named"],
+)
+def test_forced_tool_calls_are_http_s(
+    server: Server, stub: pb_grpc.GenerationServiceStub, http_choice: Any, grpc_choice: Any
+) -> None:
+    """The same seeded chat with tools makes the same calls over gRPC as over HTTP, each
+    whole, out of the text, with finish reason tool_calls."""
+    with server.http(timeout=60) as http:
+        r = http.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": ASK, "tools": [WEATHER, TIME],
+            "tool_choice": http_choice, "max_tokens": 300, "temperature": 1.0, "seed": 1,
+        })  # fmt: skip
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    expected = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in choice["message"]["tool_calls"]
+    ]
+    chat = chat_prompt(ASK)
+    chat.tools.extend([tool_proto(WEATHER), tool_proto(TIME)])
+    for field, value in grpc_choice.items():
+        setattr(chat, field, value)
+    sp = pb.SamplingParams(max_tokens=300, temperature=1.0, seed=1)
+    msgs = list(stub.Generate(pb.GenerateRequest(chat=chat, sampling_params=sp), timeout=60))
+    assert expected and calls_of(msgs) == expected
+    assert all(c.id.startswith("call_") for m in msgs for c in m.tool_calls)
+    assert "".join(m.text for m in msgs).strip() == (choice["message"]["content"] or "")
+    assert msgs[-1].finish_reason == choice["finish_reason"] == "tool_calls"
+    assert sum(len(m.token_ids) for m in msgs) == r.json()["usage"]["completion_tokens"]
+    server.wait_pool_free()
+
+
+def test_auto_parses_what_the_model_writes(
+    server: Server, stub: pb_grpc.GenerationServiceStub
+) -> None:
+    """tool_choice auto: a call the model writes (here steered into it by a grammar) comes
+    back parsed, never as text; the text around it stays text; "none" parses nothing."""
+    call = {"name": "get_time", "arguments": {"zone": "utc"}}
+    block = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    lark = f'start: "Sure. " {json.dumps(block)}'
+    steer = pb.StructuredOutput(kind="grammar", value=lark)
+    sp = pb.SamplingParams(max_tokens=200, temperature=0, structured=steer)
+    chat = chat_prompt(ASK)
+    chat.tools.extend([tool_proto(WEATHER), tool_proto(TIME)])
+    for mode, calls, text in (
+        ("auto", [("get_time", {"zone": "utc"})], "Sure."),
+        ("none", [], f"Sure. {block}"),
+    ):
+        chat.tool_choice_mode = mode
+        msgs = list(stub.Generate(pb.GenerateRequest(chat=chat, sampling_params=sp), timeout=60))
+        assert calls_of(msgs) == calls
+        assert "".join(m.text for m in msgs).strip() == text
+        assert msgs[-1].finish_reason == ("tool_calls" if calls else "stop")
+        if calls:
+            assert not any("<tool_call" in m.text for m in msgs)
+    server.wait_pool_free()
+
+
+def test_tools_and_call_history_render_as_the_template_does(
+    stub: pb_grpc.GenerationServiceStub, tokenizer: Any
+) -> None:
+    arguments = {"city": "Oslo", "unit": "c"}
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
+    history: Any = [
+        ASK[0],
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees"},
+    ]
+    expected = tokenizer.encode(
+        tokenizer.apply_chat_template(
+            history, tools=[WEATHER], tokenize=False, add_generation_prompt=True
+        ),
+        add_special_tokens=False,
+    )
+    chat = pb.ChatPrompt(
+        messages=[
+            pb.ChatMessage(role="user", content=ASK[0]["content"]),
+            pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(
+                id="call_1", name="get_weather", arguments=json.dumps(arguments))]),
+            pb.ChatMessage(role="tool", tool_call_id="call_1", content="4 degrees"),
+        ],
+        tools=[tool_proto(WEATHER)],
+    )  # fmt: skip
+    got = stub.Tokenize(pb.TokenizeRequest(chat=chat), timeout=60).token_ids
+    assert list(got) == expected
+    # Without the tools the template renders something else: they were not dropped.
+    del chat.tools[:]
+    assert list(stub.Tokenize(pb.TokenizeRequest(chat=chat), timeout=60).token_ids) != expected
+
+
+def _with_tools(**fields: Any) -> pb.ChatPrompt:
+    chat = chat_prompt(ASK, **fields)
+    chat.tools.append(tool_proto(WEATHER))
+    return chat
+
+
+BAD_TOOLS: list[tuple[pb.ChatPrompt, pb.SamplingParams | None, str]] = [
+    (pb.ChatPrompt(messages=chat_prompt(ASK).messages, tools=[pb.Tool(name="no spaces")]),
+     None, "chat.tools[0].name: "),
+    *(
+        (pb.ChatPrompt(messages=chat_prompt(ASK).messages,
+                       tools=[pb.Tool(name="f", parameters=bad)]),
+         None, "chat.tools[0].parameters: ")
+        for bad in ("{", "[1]", '{"type": NaN}', '{"a": ' * 100 + "1" + "}" * 100)
+    ),
+    (_with_tools(tool_choice_mode="sometimes"), None, "chat.tool_choice_mode: "),
+    (_with_tools(tool_choice_mode="required"), pb.SamplingParams(ignore_eos=True), "ignore_eos"),
+    (_with_tools(tool_choice_function="nope"), None, "chat.tool_choice: "),
+    (chat_prompt(ASK, tool_choice_mode="required"), None, "chat.tools: "),
+    (_with_tools(tool_choice_mode="required"),
+     pb.SamplingParams(structured=pb.StructuredOutput(kind="regex", value="a+")),
+     "chat.tool_choice: "),
+    (pb.ChatPrompt(messages=[*chat_prompt(ASK).messages, pb.ChatMessage(role="tool", content="4")]),
+     None, "chat.messages[1].tool_call_id: "),
+    (pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="x", tool_calls=[pb.ToolCall(
+        id="c", name="f", arguments="{}")])]), None, "chat.messages[0].tool_calls: "),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("chat,params,prefix", BAD_TOOLS)
+def test_bad_tools_are_invalid_argument(
+    stub: pb_grpc.GenerationServiceStub,
+    chat: pb.ChatPrompt,
+    params: pb.SamplingParams | None,
+    prefix: str,
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Generate(pb.GenerateRequest(chat=chat, sampling_params=params), timeout=60))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(prefix), err.value.details()
