@@ -210,6 +210,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             return pb.TokenizeResponse()  # the call had ended: nobody reads this
         return pb.TokenizeResponse(token_ids=ids, tokens=router.backend.token_strings(ids))
 
+    async def Detokenize(
+        self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetokenizeResponse:
+        router = self.router
+        try:
+            if (bad := _undecodable(request)) is not None:
+                raise bad
+            router.check_model(request.model)
+            text = await router.detokenize(list(request.token_ids), "token_ids")
+        except RequestError as e:
+            await _abort(context, e)
+            return pb.DetokenizeResponse()  # the call had ended: nobody reads this
+        return pb.DetokenizeResponse(text=text)
+
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfo:
@@ -268,6 +282,11 @@ class GrpcServer:
                 servicer.Tokenize,
                 request_deserializer=_lenient(pb.TokenizeRequest.FromString),
                 response_serializer=pb.TokenizeResponse.SerializeToString,
+            ),
+            "Detokenize": grpc.unary_unary_rpc_method_handler(
+                servicer.Detokenize,
+                request_deserializer=_lenient(pb.DetokenizeRequest.FromString),
+                response_serializer=pb.DetokenizeResponse.SerializeToString,
             ),
             "GetModelInfo": grpc.unary_unary_rpc_method_handler(
                 servicer.GetModelInfo,

@@ -130,13 +130,14 @@ class Router:
     def new_request_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
-    async def detokenize(self, token_ids: list[int]) -> str:
-        """Text of prompt token ids (checked against the vocabulary), on the tokenizer thread."""
+    async def detokenize(self, token_ids: list[int], field: str = "tokens") -> str:
+        """Text of prompt token ids (checked against the vocabulary, refusals naming
+        ``field``), on the tokenizer thread."""
         vocab = self.backend.model_info().vocab_size
         for t in token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
                 raise RequestError(
-                    ErrorKind.INVALID, f"tokens: ids must be in [0, {vocab}), got {t!r}", "tokens"
+                    ErrorKind.INVALID, f"{field}: ids must be in [0, {vocab}), got {t!r}", field
                 )
         return await self.run_tokenizer(lambda: self.backend.detokenize(token_ids))
 

@@ -102,3 +102,25 @@ def test_bad_new_fields_are_invalid_argument(
         list(stub.Generate(request_msg, timeout=30))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     assert field in (info.value.details() or "")
+
+
+def test_detokenize_is_http_s(server: Server, stub: pb_grpc.GenerationServiceStub) -> None:
+    """Detokenize gives /detokenize's text (special tokens kept) for Tokenize's ids; an id
+    outside the vocabulary or another model's name is refused."""
+    ids = list(stub.Tokenize(pb.TokenizeRequest(text="the cache is 東京 😀"), timeout=30).token_ids)
+    got = stub.Detokenize(pb.DetokenizeRequest(token_ids=ids), timeout=30).text
+    with server.http(timeout=30) as http:
+        assert got == http.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert "the cache is 東京 😀" in got
+    for request, code, field in (
+        (pb.DetokenizeRequest(token_ids=[5, 10**6]), grpc.StatusCode.INVALID_ARGUMENT,
+         "token_ids: "),
+        (pb.DetokenizeRequest(token_ids=[5, -1]), grpc.StatusCode.INVALID_ARGUMENT, "token_ids: "),
+        (pb.DetokenizeRequest(token_ids=ids, model="other"), grpc.StatusCode.NOT_FOUND,
+         "model: "),
+    ):  # fmt: skip
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Detokenize(request, timeout=30)
+        assert info.value.code() == code
+        assert (info.value.details() or "").startswith(field), info.value.details()
+    assert stub.Detokenize(pb.DetokenizeRequest(), timeout=30).text == ""

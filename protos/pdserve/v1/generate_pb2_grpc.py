@@ -45,6 +45,11 @@ class GenerationServiceStub:
                 request_serializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/pdserve.v1.GenerationService/Detokenize',
+                request_serializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/pdserve.v1.GenerationService/GetModelInfo',
                 request_serializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.GetModelInfoRequest.SerializeToString,
@@ -73,6 +78,14 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detokenize(self, request, context):
+        """The text of token ids, special tokens included (vLLM's /detokenize); an id outside the
+        vocabulary is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -91,6 +104,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.TokenizeRequest.FromString,
                     response_serializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.DetokenizeRequest.FromString,
+                    response_serializer=protos_dot_pdserve_dot_v1_dot_generate__pb2.DetokenizeResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -152,6 +170,33 @@ class GenerationService:
             '/pdserve.v1.GenerationService/Tokenize',
             protos_dot_pdserve_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
             protos_dot_pdserve_dot_v1_dot_generate__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.GenerationService/Detokenize',
+            protos_dot_pdserve_dot_v1_dot_generate__pb2.DetokenizeRequest.SerializeToString,
+            protos_dot_pdserve_dot_v1_dot_generate__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
