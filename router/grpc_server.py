@@ -261,7 +261,13 @@ class GrpcServer:
         tls: ServerTls | None = None,
     ) -> None:
         """``interceptors``: e.g. API keys (router.auth_grpc); ``tls``: serve TLS only."""
-        self.server = grpc.aio.server(interceptors=list(interceptors))
+        # A request HTTP would read fits here too (grpc's own default is 4 MiB, below what a
+        # long-context model's prompt may need); beyond it grpc refuses the message with
+        # RESOURCE_EXHAUSTED before reading it, as HTTP answers 413.
+        limit = router.limits.max_body_bytes
+        self.server = grpc.aio.server(
+            interceptors=list(interceptors), options=[("grpc.max_receive_message_length", limit)]
+        )
         self._add_generation_service(GenerationServicer(router))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

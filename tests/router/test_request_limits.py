@@ -175,6 +175,23 @@ def test_bad_grpc_input_gets_invalid_argument(
         assert "characters" in (info.value.details() or "")
 
 
+def test_grpc_takes_what_http_takes(server: Server) -> None:
+    """A gRPC request as large as an HTTP body the router reads gets the same answer (here: a
+    text too long for any prompt, refused by its length), not grpc's default 4 MiB cut; past
+    that bound grpc refuses it unread, as HTTP answers 413."""
+    over_grpc_default = "ab" * ((4 * 1024 * 1024 + 8192) // 2)  # 4 MiB + 8 KiB
+    with server.grpc_channel() as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Generate(pb.GenerateRequest(text=over_grpc_default), timeout=60))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert (info.value.details() or "").startswith("prompt is 4202496 characters")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Tokenize(pb.TokenizeRequest(text="ab" * 5_000_000), timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+    _still_serves(server)
+
+
 def _still_serves(server: Server) -> None:
     r = server.post(
         "/v1/completions",
