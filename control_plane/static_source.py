@@ -19,7 +19,7 @@ import grpc
 from control_plane.cluster_view import ClusterView
 from control_plane.grpc_control import WorkerControlClient
 from control_plane.worker_info import WorkerInfo, WorkerRole
-from pdserve.tls import RECONNECT_OPTIONS
+from pdserve.tls import channel_options
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class StaticClusterSource:
             for address in addresses:
                 channel = shared.get(address)
                 if channel is None:
-                    channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
+                    channel = grpc.aio.insecure_channel(address, options=channel_options(None))
                     self._own.append(channel)
                 self._targets.append(_Target(address, role, channel))  # type: ignore[arg-type]
         self._task: asyncio.Task[None] | None = None

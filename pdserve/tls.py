@@ -260,11 +260,25 @@ RECONNECT_OPTIONS: list[tuple[str, str | int]] = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
+# Messages between pdserve's own processes, both ways. A worker takes what its router let in
+# (prompt ids of up to max_model_len, a JSON schema as large as the router's body limit) and a
+# router reads a worker's whole KV snapshot (16 bytes a cached block). grpc's 4 MiB default
+# refused both, for a long-context model or a large pool, and the router took the worker's
+# RESOURCE_EXHAUSTED for a full pool (429 to a request no retry could pass). The bound only
+# keeps a stray peer from making a process buffer gigabytes.
+INTERNAL_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+MESSAGE_OPTIONS: list[tuple[str, str | int]] = [
+    ("grpc.max_receive_message_length", INTERNAL_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", INTERNAL_MAX_MESSAGE_BYTES),
+]
+
 
 def channel_options(tls: ClientTls | None) -> list[tuple[str, str | int]]:
+    """Options of a channel to another pdserve process."""
+    options = [*RECONNECT_OPTIONS, *MESSAGE_OPTIONS]
     if tls is None or not tls.server_name:
-        return list(RECONNECT_OPTIONS)
-    return [*RECONNECT_OPTIONS, ("grpc.ssl_target_name_override", tls.server_name)]
+        return options
+    return [*options, ("grpc.ssl_target_name_override", tls.server_name)]
 
 
 def open_channel(target: str, tls: ClientTls | None) -> grpc.aio.Channel:

@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.options import add_engine_args
-from pdserve.tls import ServerTls, add_port
+from pdserve.tls import MESSAGE_OPTIONS, ServerTls, add_port
 from pdserve.worker_control_args import add_control_args
 from pdserve.worker_security import add_tls_args
 
@@ -69,7 +69,7 @@ async def start_grpc_server(
     grpc.health.v1 (SERVING for "" and ``service_name``) on ``host:port`` (0 = any free
     port); returns the server, its bound port and the health servicer (``drain`` turns it
     NOT_SERVING). ``tls``: the port speaks only (mutual) TLS."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=MESSAGE_OPTIONS)  # what the router let in
     add_servicer(servicer, server)
     for add, other in extra:
         add(other, server)

@@ -192,6 +192,19 @@ def test_grpc_takes_what_http_takes(server: Server) -> None:
     _still_serves(server)
 
 
+def test_a_large_request_reaches_the_workers(server: Server) -> None:
+    """What the router takes, its workers take: a request carrying a 4 MiB JSON schema (under
+    the router's body limit) runs in every mode. The workers once kept grpc's 4 MiB default,
+    refused it as RESOURCE_EXHAUSTED, and the router answered 429 to a request no retry
+    could pass."""
+    schema = {"type": "string", "maxLength": 4, "description": "x" * (4 * 1024 * 1024)}
+    body = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0, "guided_json": schema}
+    r = server.post("/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    assert json.loads(r.json()["choices"][0]["text"]) is not None
+    _still_serves(server)
+
+
 def _still_serves(server: Server) -> None:
     r = server.post(
         "/v1/completions",
