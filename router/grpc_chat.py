@@ -10,6 +10,7 @@ once its block has closed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +19,10 @@ from google.protobuf import json_format, struct_pb2
 from pydantic import BaseModel, ValidationError
 
 from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredOutput
 from protos.pdserve.v1 import generate_pb2 as pb
-from router.errors import ErrorKind, RequestError
+from router.errors import ErrorKind, RequestError, invalid_argument
 from router.json_body import check_json_value, refuse_constant
 from router.openai_format import finish_reason
 from router.openai_protocol import ChatMessage
@@ -50,6 +52,23 @@ class Chat:
     @property
     def parses_tools(self) -> bool:
         return self.tools is not None
+
+    def sampling_params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the grammar that forces this chat's calls, if it has one. Raises
+        RequestError(INVALID) where they cannot take it."""
+        if self.grammar is None:
+            return params
+        if params.structured is not None:
+            raise RequestError(
+                ErrorKind.INVALID,
+                "chat.tool_choice: a forced tool call cannot be combined with "
+                "sampling_params.structured",
+                "chat",
+            )
+        try:  # e.g. ignore_eos, which a grammar that decides the end refuses
+            return dataclasses.replace(params, structured=self.grammar)
+        except ValueError as e:
+            raise invalid_argument(e) from None
 
 
 def chat_from_proto(chat: pb.ChatPrompt) -> Chat:

@@ -117,20 +117,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             except ValueError as e:
                 raise invalid_argument(e) from None
             kind = request.WhichOneof("prompt")
-            prompt: str | list[int] | None = None
             chat = chat_from_proto(request.chat) if kind == "chat" else None
-            if chat is not None and chat.grammar is not None:
-                if params.structured is not None:
-                    raise RequestError(
-                        ErrorKind.INVALID,
-                        "chat.tool_choice: a forced tool call cannot be combined with "
-                        "sampling_params.structured",
-                        "chat",
-                    )
-                try:  # e.g. ignore_eos, which a grammar that decides the end refuses
-                    params = dataclasses.replace(params, structured=chat.grammar)
-                except ValueError as e:
-                    raise invalid_argument(e) from None
+            if chat is not None:
+                params = chat.sampling_params(params)
+            prompt: str | list[int] | None = None
             if kind == "text":
                 prompt = request.text
             elif kind == "token_ids":
