@@ -12,7 +12,6 @@ from decode_service.heartbeat import HEARTBEAT_S
 from decode_service.service import DecodeWorkerService
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
 from kv_transfer import create_receiver, release_transports, resolve_transport
 from kv_transfer.decode_connector import DecodeConnector
 from kv_transfer.receiver import DEFAULT_LEASE_S
@@ -25,6 +24,7 @@ from pdserve.worker_control import worker_control_plane
 from pdserve.worker_control_args import advertised_address, control_defaults
 from pdserve.worker_process import (
     add_worker_args,
+    build_engine,
     drain,
     metrics_port_of,
     prepare_worker_process,
@@ -66,7 +66,7 @@ async def serve(
     ``security``: mutual TLS on the gRPC port and the KV listener."""
     control = control or control_defaults(host)
     connector = DecodeConnector(config.block_size)
-    engine = LLMEngine(config, kv_connector=connector)
+    engine = build_engine(config, connector)
     kind = resolve_transport(security.kv_transport(transport))
     certificates = CertificateWatch()
     receiver = create_receiver(

@@ -25,6 +25,7 @@ from engine.kv_cache_spec import KVCacheSpec
 from engine.kv_connector.base import KVConnector, NullConnector
 from engine.kv_connector.params import KVTransferParams
 from engine.metrics import EngineMetrics
+from engine.model_card import resolve_max_model_len
 from engine.model_config import load_model_config
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
@@ -60,9 +61,7 @@ class LLMEngine:
         model_path = config.model or str(demo_model_path())
         self.model_config = load_model_config(model_path, config.dtype)
         mc = self.model_config
-        self.max_model_len = min(
-            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
-        )
+        self.max_model_len = resolve_max_model_len(config.max_model_len, mc.max_position_embeddings)
         self.tokenizer: Any = None
         if not config.skip_tokenizer_init:
             from transformers import AutoTokenizer

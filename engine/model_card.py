@@ -88,3 +88,19 @@ def load_model_card(path: str | Path) -> ModelCard:
         eos_token_ids=eos_ids,
         config_dtype=raw.get("dtype") or raw.get("torch_dtype"),
     )
+
+
+def resolve_max_model_len(requested: int | None, max_position_embeddings: int) -> int:
+    """The engine's max_model_len: the model's when not given. Raises ValueError for one the
+    model cannot take (past its positions it was never trained on: vLLM refuses it too), rather
+    than quietly serving a shorter one than asked for."""
+    if requested is None:
+        return max_position_embeddings
+    if requested <= 0:
+        raise ValueError(f"max_model_len must be positive, got {requested}")
+    if requested > max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {requested} is longer than the model's max_position_embeddings "
+            f"({max_position_embeddings}); give at most that"
+        )
+    return requested

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,9 @@ from pdserve.worker_security import add_tls_args
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
+    from engine.engine_config import EngineConfig
+    from engine.kv_connector.base import KVConnector
+    from engine.llm_engine import LLMEngine
 
 
 def add_worker_args(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -54,6 +58,20 @@ def prepare_worker_process() -> None:
     # an idle worker uses ~2%.
     os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def build_engine(config: EngineConfig, connector: KVConnector) -> LLMEngine:
+    """The worker's engine. A configuration it cannot take (``max_model_len`` past the model's
+    positions, ``max_num_seqs`` 0, a model folder without weights ...) ends the process with
+    one line and exit status 2, as ``pdserve serve --colocated`` ends on the same error, not with
+    a traceback."""
+    from engine.llm_engine import LLMEngine
+
+    try:
+        return LLMEngine(config, kv_connector=connector)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 async def start_grpc_server(

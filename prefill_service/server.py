@@ -10,7 +10,6 @@ from pathlib import Path
 
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
 from kv_transfer import KVSender, release_transports
 from kv_transfer.peers import RegisteredPeers
 from kv_transfer.prefill_connector import PrefillConnector
@@ -23,6 +22,7 @@ from pdserve.worker_control import worker_control_plane
 from pdserve.worker_control_args import advertised_address, control_defaults
 from pdserve.worker_process import (
     add_worker_args,
+    build_engine,
     drain,
     metrics_port_of,
     prepare_worker_process,
@@ -58,7 +58,7 @@ async def serve(
     tickets may name."""
     control = control or control_defaults(host)
     connector = PrefillConnector()
-    engine = LLMEngine(config, kv_connector=connector)
+    engine = build_engine(config, connector)
     connector.watch_engine(lambda: engine.num_steps)  # renew leases only while it steps
     name = model_name or Path(engine.model_config.path).name
     plane = worker_control_plane(

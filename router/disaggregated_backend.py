@@ -36,7 +36,7 @@ import secrets
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from engine.model_card import load_model_card
+from engine.model_card import load_model_card, resolve_max_model_len
 from engine.outputs import RequestOutput
 from pdserve.tls import ClientTls
 from pdserve.wire import OutputAccumulator, sampling_params_to_proto
@@ -113,9 +113,7 @@ class DisaggregatedBackend:
             model=names[0],
             architecture=mc.architecture,
             dtype=mc.dtype(),
-            max_model_len=min(
-                max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
-            ),
+            max_model_len=resolve_max_model_len(max_model_len, mc.max_position_embeddings),
             vocab_size=mc.vocab_size,
             block_size=block_size,
             eos_token_ids=tuple(mc.eos_token_ids),
