@@ -1,15 +1,16 @@
 """The OpenAI-compatible HTTP server (FastAPI on uvicorn).
 
-``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``), ``/v1/models``,
-``/tokenize`` and ``/detokenize`` (vLLM's), ``/health`` (with KV-block load, for probes and
-tests), ``/metrics`` (Prometheus) and ``/openapi.json``. Errors use OpenAI's body:
-``{"error": {"message", "type", "param", "code"}}``.
+``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``), ``/v1/models`` and
+``/v1/models/{model}``, ``/tokenize`` and ``/detokenize`` (vLLM's), ``/health`` (with KV-block
+load, for probes and tests), ``/metrics`` (Prometheus) and ``/openapi.json``. Errors use
+OpenAI's body: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from typing import Any
@@ -67,21 +68,31 @@ def build_app(router: Router) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    started = int(time.time())  # a model card's `created`: when this server began serving it
+
+    def card(name: str) -> dict[str, Any]:
+        info = backend.model_info()
+        return {
+            "id": name,
+            "object": "model",
+            "created": started,
+            "owned_by": "pdserve",
+            "root": info.model,
+            "max_model_len": info.max_model_len,
+        }
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        info = backend.model_info()
-        cards = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "pdserve",
-                "root": info.model,
-                "max_model_len": info.max_model_len,
-            }
-            for name in router.served_names
-        ]
-        return JSONResponse({"object": "list", "data": cards})
+        return JSONResponse({"object": "list", "data": [card(n) for n in router.served_names]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        """OpenAI's retrieve-model: the card of any name requests may give (404 otherwise)."""
+        try:
+            router.check_model(model)
+        except RequestError as e:
+            return error_response(e)
+        return JSONResponse(card(model))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -172,5 +172,6 @@ OPERATIONS: dict[str, Operation] = {
     ),
     "/detokenize": Operation("post", DetokenizeRequest, {"application/json": DetokenizeResponse}),
     "/v1/models": Operation("get", None, {"application/json": ModelList}, errors=()),
+    "/v1/models/{model}": Operation("get", None, {"application/json": ModelCard}, errors=(404,)),
     "/health": Operation("get", None, {"application/json": Health}, errors=(503,)),
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,7 +305,13 @@ def test_tokenize_detokenize_and_models(server: Server, offline: LLM) -> None:
         assert d == {"prompt": offline.tokenizer.decode(body["tokens"])}
         bad = http.post("/detokenize", json={"tokens": [10**9]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
-        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny"]
+        listed = http.get("/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == ["tiny"]
+        assert 0 < listed[0]["created"] <= time.time()
+        # OpenAI's retrieve-model: the same card; an unknown name is a 404 in OpenAI's body.
+        assert http.get("/v1/models/tiny").json() == listed[0]
+        gone = http.get("/v1/models/org/other-model")
+        assert gone.status_code == 404 and gone.json()["error"]["param"] == "model", gone.text
 
 
 def test_openapi_documents_every_body(server: Server) -> None:
@@ -314,7 +321,7 @@ def test_openapi_documents_every_body(server: Server) -> None:
         assert op["requestBody"]["content"]["application/json"]["schema"]
         assert op["responses"]["200"]["content"]["application/json"]["schema"]
         assert op["responses"]["400"]["content"]["application/json"]["schema"]
-    for path in ("/v1/models", "/health"):
+    for path in ("/v1/models", "/v1/models/{model}", "/health"):
         assert doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
     names = doc["components"]["schemas"]
     assert {"CompletionRequest", "ChatCompletionRequest", "CompletionResponse",
