@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from tests.conftest import TINY_ARCHS
 from tests.router.secured_mode import API_KEY, assert_secured, secured_setup
 from tests.router.server_access import Access
@@ -57,3 +58,10 @@ def server(
     logs = "".join(s.lines)
     assert "pdserve: stopped" in logs
     assert API_KEY not in logs  # keys are never logged
+
+
+@pytest.fixture(scope="module")
+def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
+    """A gRPC client of the module's server (GenerationService), with what its mode asks for."""
+    with server.grpc_channel() as channel:
+        yield pb_grpc.GenerationServiceStub(channel)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -24,12 +23,6 @@ LONG = 1000  # output tokens: longer than any deadline below lets a request run
 # Deadlines and client timeouts well under LONG's generation time even on a quiet machine (with
 # 0.5 s, the client-timeout case failed in a quiet CI run: the tiny model had already finished).
 SHORT_S = 0.1
-
-
-@pytest.fixture(scope="module")
-def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
-    with server.grpc_channel() as channel:
-        yield pb_grpc.GenerationServiceStub(channel)
 
 
 def _still_serves(server: Server) -> None:

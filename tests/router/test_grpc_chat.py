@@ -7,7 +7,6 @@ field, and the server goes on serving."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,6 @@ from tests.router.test_openai_features import TIME, WEATHER
 pytestmark = pytest.mark.timeout(300)
 
 GREEDY = pb.SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
-    with server.grpc_channel() as channel:
-        yield pb_grpc.GenerationServiceStub(channel)
 
 
 @pytest.fixture(scope="module")

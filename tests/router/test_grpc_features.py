@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,12 +18,6 @@ from tests.router.server_harness import Server
 from tests.structured_schemas import SCHEMAS
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
-    with server.grpc_channel() as channel:
-        yield pb_grpc.GenerationServiceStub(channel)
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,6 @@ from tests.router.server_harness import Server
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def stub(server: Server) -> Iterator[pb_grpc.GenerationServiceStub]:
-    with server.grpc_channel() as channel:
-        yield pb_grpc.GenerationServiceStub(channel)
-
-
 def _request(rid: str, max_tokens: int) -> pb.GenerateRequest:
     params = pb.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return pb.GenerateRequest(
