@@ -100,6 +100,11 @@ def load_chat_template(value: str | None) -> str | None:
 
     import jinja2
 
+    # The environment apply_chat_template renders with (its loop controls and `generation`
+    # tag): a template it renders must not be refused here, as a plain jinja2 parse refused
+    # `{% break %}`.
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
     path = Path(value)
     if path.is_file():
         text = path.read_text(encoding="utf-8")
@@ -108,7 +113,7 @@ def load_chat_template(value: str | None) -> str | None:
     else:
         raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
     try:
-        jinja2.Environment().parse(text)
+        _compile_jinja_template(text)
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"--chat-template: line {e.lineno}: {e.message}") from None
     return text

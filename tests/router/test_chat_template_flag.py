@@ -33,6 +33,13 @@ def test_load_chat_template(tmp_path: Path) -> None:
         load_chat_template("no/such.jinja")
     with pytest.raises(ValueError, match="--chat-template: line 1: "):
         load_chat_template("{% for m in messages %}{{ m }}")  # no endfor
+    # What apply_chat_template renders is taken: loop controls and the `generation` tag
+    # (assistant masks), which a plain jinja2 parse refused.
+    tags = (
+        "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+        "{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+    )
+    assert load_chat_template(tags) == tags
 
 
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "disaggregated"])
