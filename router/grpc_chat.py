@@ -31,6 +31,7 @@ from router.openai_tools import (
     NamedToolChoice,
     ToolCallStream,
     ToolChoice,
+    template_tools,
     tool_grammar,
     tool_mode,
 )
@@ -99,7 +100,7 @@ def chat_from_proto(chat: pb.ChatPrompt) -> Chat:
     return Chat(
         messages=messages,
         options=ChatTemplateOptions(add_prompt, chat.continue_final_message, kwargs),
-        tools=[t.model_dump(exclude_none=True) for t in tools] if mode != "none" else None,
+        tools=template_tools(tools) if mode != "none" else None,
         grammar=grammar,
     )
 

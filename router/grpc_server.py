@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -21,6 +21,8 @@ from router.grpc_chat import ToolCallsOut, chat_from_proto
 from router.request_ids import check_request_id
 from router.service import Router
 from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS
+
+R = TypeVar("R")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
@@ -94,10 +96,28 @@ async def _tokenize(router: Router, request: pb.TokenizeRequest) -> list[int]:
             )
         chat = chat_from_proto(request.chat)
         return await router.prompts.chat(chat.messages, chat.tools, chat.options)
-    router.check_text_length(len(request.text), "text")
     add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-    backend, text = router.backend, request.text
-    return await router.run_tokenizer(lambda: backend.tokenize(text, add_special))
+    return await router.prompts.tokenize(request.text, "text", add_special)
+
+
+async def _unary(
+    router: Router,
+    request: Any,
+    context: grpc.aio.ServicerContext,
+    answer: Callable[[], Awaitable[R]],
+    ended: R,
+) -> R:
+    """A unary call about the model: a request that did not parse or names another model,
+    or ``answer`` refusing it, ends the call with its status (``ended`` goes back to a call
+    that has ended: nobody reads it)."""
+    try:
+        if (bad := _undecodable(request)) is not None:
+            raise bad
+        router.check_model(request.model)
+        return await answer()
+    except RequestError as e:
+        await _abort(context, e)
+        return ended
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
@@ -190,29 +210,23 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         router = self.router
-        try:
-            if (bad := _undecodable(request)) is not None:
-                raise bad
-            router.check_model(request.model)
+
+        async def answer() -> pb.TokenizeResponse:
             ids = await _tokenize(router, request)
-        except RequestError as e:
-            await _abort(context, e)
-            return pb.TokenizeResponse()  # the call had ended: nobody reads this
-        return pb.TokenizeResponse(token_ids=ids, tokens=router.backend.token_strings(ids))
+            return pb.TokenizeResponse(token_ids=ids, tokens=router.backend.token_strings(ids))
+
+        return await _unary(router, request, context, answer, pb.TokenizeResponse())
 
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DetokenizeResponse:
         router = self.router
-        try:
-            if (bad := _undecodable(request)) is not None:
-                raise bad
-            router.check_model(request.model)
+
+        async def answer() -> pb.DetokenizeResponse:
             text = await router.detokenize(list(request.token_ids), "token_ids")
-        except RequestError as e:
-            await _abort(context, e)
-            return pb.DetokenizeResponse()  # the call had ended: nobody reads this
-        return pb.DetokenizeResponse(text=text)
+            return pb.DetokenizeResponse(text=text)
+
+        return await _unary(router, request, context, answer, pb.DetokenizeResponse())
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

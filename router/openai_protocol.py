@@ -15,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredOutput
-from router.openai_tools import ChatTool, ToolCall, ToolChoice, tool_grammar, tool_mode
+from router.openai_tools import (
+    ChatTool,
+    ToolCall,
+    ToolChoice,
+    template_tools,
+    tool_grammar,
+    tool_mode,
+)
 from router.tokenizer_ops import ChatTemplateOptions
 
 
@@ -331,6 +338,4 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them (None when there are none)."""
-        if not self.tools:
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        return template_tools(self.tools)

@@ -78,6 +78,11 @@ class ToolCall(_Strict):
         }
 
 
+def template_tools(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
+    """The tools as the chat template takes them (``tools``; None when there are none)."""
+    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
+
+
 def tool_mode(
     tools: list[ChatTool] | None, choice: ToolChoice | None
 ) -> Literal["none", "auto", "forced"]:

@@ -50,6 +50,11 @@ class Prompts:
                 field,
             )
 
+    async def tokenize(self, text: str, field: str, add_special_tokens: bool = True) -> list[int]:
+        """A text's ids, on the tokenizer thread, once its length could fit (naming ``field``)."""
+        self.check_text_length(len(text), field)
+        return await self.run(lambda: self.backend.tokenize(text, add_special_tokens))
+
     async def chat(
         self,
         messages: list[dict[str, Any]],
@@ -87,9 +92,7 @@ class Prompts:
     async def _prompt(self, prompt: str | Sequence[int] | None) -> list[int]:
         try:
             if isinstance(prompt, str):
-                self.check_text_length(len(prompt), "prompt")
-                text = prompt
-                return await self.run(lambda: self.backend.tokenize(text))
+                return await self.tokenize(prompt, "prompt")
             if prompt is None:
                 raise ValueError("prompt: give a text prompt, token ids or a chat")
             ids = list(prompt)

@@ -23,9 +23,9 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -37,8 +37,6 @@ from router.prompts import Prompts
 from router.request_ids import InFlightIds
 from router.request_limits import RequestLimits
 from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
-
-T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +66,6 @@ class Router:
         self._grace_s = 0.0
         self._waits: set[asyncio.Timeout] = set()  # every stream's current wait for output
         self._ids = InFlightIds()  # the request ids with a stream open (one each)
-
-    async def run_tokenizer(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` (tokenizer work) on the tokenizer thread and return its result."""
-        return await self.prompts.run(fn)
-
-    def check_text_length(self, text_chars: int, field: str) -> None:
-        """Refuse, before tokenizing it, a text too long to fit the model in any tokenization."""
-        self.prompts.check_text_length(text_chars, field)
 
     @property
     def is_draining(self) -> bool:
@@ -139,7 +129,7 @@ class Router:
                 raise RequestError(
                     ErrorKind.INVALID, f"{field}: ids must be in [0, {vocab}), got {t!r}", field
                 )
-        return await self.run_tokenizer(lambda: self.backend.detokenize(token_ids))
+        return await self.prompts.run(lambda: self.backend.detokenize(token_ids))
 
     @staticmethod
     def with_logprobs(request: GenerateRequest) -> GenerateRequest:

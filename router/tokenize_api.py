@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from router.errors import ErrorKind, RequestError
 from router.http_body import error_response, parse_body
 from router.openai_protocol import ChatMessage, ChatTemplateFields
-from router.openai_tools import ChatTool
+from router.openai_tools import ChatTool, template_tools
 from router.service import Router
 
 
@@ -115,12 +115,7 @@ def _validate(model: type[_Strict], obj: dict[str, Any]) -> Any:
 async def _tokenize(
     router: Router, body: TokenizeCompletionRequest | TokenizeChatRequest
 ) -> list[int]:
-    backend = router.backend
     if isinstance(body, TokenizeCompletionRequest):
-        router.check_text_length(len(body.prompt), "prompt")
-        text, special = body.prompt, body.add_special_tokens
-        return await router.run_tokenizer(lambda: backend.tokenize(text, special))
+        return await router.prompts.tokenize(body.prompt, "prompt", body.add_special_tokens)
     messages = [m.as_template_input() for m in body.messages]
-    options = body.template_options()
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    return await router.prompts.chat(messages, tools, options)
+    return await router.prompts.chat(messages, template_tools(body.tools), body.template_options())
