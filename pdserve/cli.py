@@ -53,13 +53,17 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
+    try:
+        _router_options(a)  # validate before loading the model or starting a worker
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not a.colocated:
         return _serve_disaggregated(a)
     from router.local_backend import LocalEngineBackend
     from router.tokenizer_ops import load_chat_template
 
     try:
-        _router_options(a)  # validate before loading the model
         template = load_chat_template(a.chat_template)
         config = engine_config_from_args(a)
         backend = LocalEngineBackend(
@@ -72,6 +76,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
 
 
 def _router_options(a: argparse.Namespace) -> Any:
+    from router.grpc_keepalive import GrpcKeepalive
     from router.security import RouterSecurity
     from router.server import ServerOptions
 
@@ -79,6 +84,9 @@ def _router_options(a: argparse.Namespace) -> Any:
         raise ValueError(f"--max-queue must be at least 1, got {a.max_queue}")
     return ServerOptions(
         security=RouterSecurity.from_args(a),
+        grpc_keepalive=GrpcKeepalive(
+            a.grpc_keepalive_s, a.grpc_keepalive_timeout_s, a.grpc_min_client_ping_s
+        ),
         host=a.host,
         grpc_port=a.grpc_port,
         http_port=a.http_port,
@@ -151,6 +159,7 @@ def _cmd_router(a: argparse.Namespace) -> int:
     from router.tokenizer_ops import load_chat_template
 
     try:
+        _router_options(a)  # validate before dialling a worker
         template = load_chat_template(a.chat_template)
         backend = make_backend(a, a.model or str(demo_model_path()), a.decode, a.prefill, template)
     except (ValueError, FileNotFoundError) as e:
@@ -164,6 +173,28 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
     api.add_argument("--host", default="127.0.0.1", help="address both servers listen on")
     api.add_argument("--grpc-port", type=int, default=50051, help="0 = any free port")
     api.add_argument("--http-port", type=int, default=8000, help="0 = any free port")
+    api.add_argument(
+        "--grpc-keepalive-s",
+        type=float,
+        default=60.0,
+        help="ping a gRPC client whose connection has been quiet this long (0 = never); one "
+        "that does not answer within --grpc-keepalive-timeout-s is disconnected and its "
+        "requests cancelled",
+    )
+    api.add_argument(
+        "--grpc-keepalive-timeout-s",
+        type=float,
+        default=20.0,
+        help="how long the server waits for the answer to its keepalive ping",
+    )
+    api.add_argument(
+        "--grpc-min-client-ping-s",
+        type=float,
+        default=5.0,
+        help="accept a gRPC client's keepalive pings this often, also while its call waits "
+        "silently for a first token (gRPC's default, 5 minutes, disconnects a client pinging "
+        "every 10-30 s with GOAWAY too_many_pings)",
+    )
     api.add_argument(
         "--max-queue",
         type=int,

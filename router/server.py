@@ -14,6 +14,7 @@ import uvicorn
 
 from router.admission import Admission
 from router.backend import Backend
+from router.grpc_keepalive import GrpcKeepalive
 from router.grpc_server import GrpcServer
 from router.metrics import RouterMetrics
 from router.openai_http import build_app
@@ -33,6 +34,7 @@ class ServerOptions:
     retry_after_s: float = 1.0
     shutdown_grace_s: float = 5.0
     security: RouterSecurity = field(default_factory=RouterSecurity)  # keys, TLS
+    grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -88,6 +90,7 @@ async def serve_router(
         _hostport(options.host, options.grpc_port),
         guard.grpc_interceptors(),
         security.tls,
+        options.grpc_keepalive,
     )
     sock = _listen(options.host, options.http_port)
     http_port = sock.getsockname()[1]

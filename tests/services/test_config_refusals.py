@@ -40,8 +40,16 @@ def llama(model_factory) -> Path:  # type: ignore[no-untyped-def]
         (["--max-model-len", "100000"], "error: max_model_len 100000 is longer than the model's"),
         (["--max-model-len", "0"], "error: max_model_len must be positive, got 0"),
         (["--max-num-seqs", "0"], "error: max_num_seqs must be positive, got 0"),
+        (["--max-queue", "0"], "error: --max-queue must be at least 1, got 0"),
+        (["--grpc-keepalive-s", "-1"], "error: --grpc-keepalive-s must be between 0 and 86400"),
     ],
-    ids=["max-model-len-past-positions", "max-model-len-0", "max-num-seqs-0"],
+    ids=[
+        "max-model-len-past-positions",
+        "max-model-len-0",
+        "max-num-seqs-0",
+        "max-queue-0",
+        "grpc-keepalive-negative",
+    ],
 )
 def test_a_configuration_the_engine_refuses_stops_the_server(
     llama: Path, mode: list[str], flags: list[str], message: str
@@ -56,15 +64,25 @@ def test_a_configuration_the_engine_refuses_stops_the_server(
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
-def test_a_router_refuses_a_max_model_len_its_workers_would(llama: Path) -> None:
-    """``pdserve router`` (workers elsewhere, e.g. other pods) holds the same line, before it
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--max-model-len", "100000"], "error: max_model_len 100000 is longer than the model's"),
+        (["--grpc-min-client-ping-s", "nan"], "error: --grpc-min-client-ping-s must be between"),
+    ],
+    ids=["max-model-len-past-positions", "grpc-min-client-ping-nan"],
+)
+def test_a_router_refuses_what_it_or_its_workers_would(
+    llama: Path, flags: list[str], message: str
+) -> None:
+    """``pdserve router`` (workers elsewhere, e.g. other pods) holds the same lines, before it
     dials anyone."""
     done = subprocess.run(
         [sys.executable, "-m", "pdserve", "router", "--model", str(llama), "--decode",
          "127.0.0.1:1", "--prefill", "127.0.0.1:2", "--grpc-port", "0", "--http-port", "0",
-         "--max-model-len", "100000"],
+         *flags],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "error: max_model_len 100000 is longer than the model's" in done.stderr
+    assert message in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr

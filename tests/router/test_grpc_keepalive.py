@@ -1,0 +1,219 @@
+"""HTTP/2 keepalive on the router's gRPC server (router/grpc_keepalive.py), against a real
+server whose engine runs one request at a time, so a second request waits silently in the
+queue behind a long one:
+
+- a client that pings often (as grpc-go, Envoy or a load balancer's keepalive does) keeps its
+  queued call and gets its tokens; with gRPC's default policy the same client is disconnected
+  with GOAWAY too_many_pings (shown on a bare gRPC server with the default and pdserve's options);
+- a client that stops answering (SIGSTOP: its kernel still takes the bytes, it answers no ping)
+  is disconnected by the server's own pings and its queued request is cancelled before it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from protos.pdserve.v1 import generate_pb2 as pb
+from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
+from router.grpc_keepalive import GrpcKeepalive
+from tests.router.server_harness import REPO_ROOT, Server, start_server
+
+pytestmark = pytest.mark.timeout(300)
+
+# Requests the others queue behind; each takes ~1 s on a fast 2-core machine, so a request
+# queued behind them all is silent for longer than gRPC's policy lets a pinging client stay.
+BLOCKER_TOKENS = 2000
+BLOCKERS = 8
+# A client pinging every second with nothing to send: what gRPC's default policy counts as
+# abuse from the third ping on (it disconnects the client ~3 s into a silence).
+EAGER_CLIENT = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@pytest.fixture(scope="module")
+def queue_server(llama: Path) -> Iterator[Server]:
+    s = start_server(
+        llama,
+        "--num-kv-blocks", "512", "--max-model-len", "2048", "--max-num-seqs", "1",
+        "--grpc-keepalive-s", "0.5", "--grpc-keepalive-timeout-s", "1.5",
+        "--grpc-min-client-ping-s", "0.5",
+    )  # fmt: skip
+    yield s
+    assert s.stop() == 0, "".join(s.lines)
+
+
+def _metric(server: Server, name: str, **labels: str) -> float:
+    """A sample of /metrics, summed over the label sets that have ``labels``."""
+    total = 0.0
+    for line in server.get("/metrics").text.splitlines():
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if metric == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+async def _start_blockers(
+    server: Server, n: int
+) -> tuple[httpx.AsyncClient, asyncio.Future[list[None]]]:
+    """``n`` long requests: one takes the engine's one running slot, the others queue behind
+    it; each is read to its end in a task."""
+    client = server.async_http(timeout=120)
+    body = {"prompt": [5, 6, 7], "max_tokens": BLOCKER_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+
+    async def run() -> None:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for _ in r.aiter_lines():
+                pass
+
+    tasks = asyncio.gather(*(run() for _ in range(n)))
+    await _wait_load(
+        server,
+        lambda load: load["num_running_requests"] == 1 and load["num_waiting_requests"] == n - 1,
+    )
+    return client, tasks
+
+
+async def _wait_load(
+    server: Server, ok: Callable[[dict[str, int]], bool], timeout_s: float = 60
+) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        load = server.health()["load"]
+        if ok(load):
+            return dict(load)
+        assert time.monotonic() < deadline, f"load never reached the expected state: {load}"
+        await asyncio.sleep(0.02)
+
+
+def test_a_queued_call_outlives_a_pinging_client(queue_server: Server) -> None:
+    asyncio.run(_queued_call(queue_server))
+
+
+async def _queued_call(server: Server) -> None:
+    client, blockers = await _start_blockers(server, BLOCKERS)
+    target = server.grpc_address
+    async with grpc.aio.insecure_channel(target, options=EAGER_CLIENT) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        request = pb.GenerateRequest(
+            token_ids=pb.TokenIds(ids=[5, 6, 7]),
+            sampling_params=pb.SamplingParams(max_tokens=8, ignore_eos=True, temperature=0),
+        )
+        started = time.monotonic()
+        first_token_s = None
+        tokens = 0
+        async for response in stub.Generate(request, timeout=120):
+            if first_token_s is None and response.token_ids:
+                first_token_s = time.monotonic() - started
+            tokens += len(response.token_ids)
+    assert tokens == 8
+    # The call sat silent behind the blockers for more pings than gRPC's default lets pass.
+    assert first_token_s is not None and first_token_s > 5.0, first_token_s
+    await blockers
+    await client.aclose()
+    server.wait_pool_free()
+
+
+def test_a_client_that_stops_answering_is_dropped(queue_server: Server) -> None:
+    asyncio.run(_frozen_client(queue_server))
+
+
+async def _frozen_client(server: Server) -> None:
+    generated = _metric(server, "pdserve_engine_generation_tokens_total")
+    aborted = _metric(server, "pdserve_request_finished_total", reason="abort")
+    client, blockers = await _start_blockers(server, BLOCKERS)
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, server.grpc_address],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+    )
+    try:
+        await _wait_load(server, lambda load: load["num_waiting_requests"] == BLOCKERS)
+        frozen.send_signal(signal.SIGSTOP)
+        # The server's pings go unanswered (every 0.5 s, 1.5 s to answer): the connection is
+        # closed and the queued request cancelled while the blockers still run.
+        deadline = time.monotonic() + 60
+        while _metric(server, "pdserve_request_finished_total", reason="abort") == aborted:
+            assert time.monotonic() < deadline, "the frozen client's request was not dropped"
+            await asyncio.sleep(0.05)
+        assert not blockers.done()
+    finally:
+        frozen.kill()
+        frozen.wait()
+    await blockers
+    await client.aclose()
+    server.wait_pool_free()
+    # The dropped request never ran: only the blockers' tokens were generated.
+    assert _metric(server, "pdserve_engine_generation_tokens_total") - generated == (
+        BLOCKERS * BLOCKER_TOKENS
+    )
+    assert _metric(server, "pdserve_request_finished_total", reason="abort") == (aborted + 1)
+
+
+# The frozen client: one queued Generate, read to its end (it is stopped before any token).
+_CLIENT = """
+import sys, grpc
+from protos.pdserve.v1 import generate_pb2 as pb, generate_pb2_grpc as pb_grpc
+with grpc.insecure_channel(sys.argv[1]) as channel:
+    request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6, 7]),
+        sampling_params=pb.SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in pb_grpc.GenerationServiceStub(channel).Generate(request):
+        pass
+"""
+
+
+async def _watch(options: list[tuple[str, int]]) -> grpc.aio.AioRpcError | None:
+    """Watch a bare gRPC server's health, a call that sends one message and then nothing,
+    for 5 s as EAGER_CLIENT: the error that ended it, or None."""
+    server = grpc.aio.server(options=options)
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=EAGER_CLIENT) as ch:
+            call = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest())
+            try:
+                await call.read()  # SERVING, then silence while the client pings
+                await asyncio.wait_for(call.read(), timeout=5)
+            except TimeoutError:
+                return None  # still open after 5 pings (gRPC's default cuts it after ~3 s)
+            except grpc.aio.AioRpcError as e:
+                return e
+            raise AssertionError("Watch sent a second message")
+    finally:
+        await server.stop(0)
+
+
+def test_grpc_default_policy_cuts_a_silent_call_pdserve_options_do_not() -> None:
+    cut = asyncio.run(_watch([]))
+    assert cut is not None and cut.code() == grpc.StatusCode.UNAVAILABLE
+    assert "too many pings" in (cut.details() or "").lower()
+    assert asyncio.run(_watch(GrpcKeepalive(min_client_ping_s=0.5).server_options())) is None
+
+
+def test_bad_keepalive_values_are_refused() -> None:
+    with pytest.raises(ValueError, match="--grpc-keepalive-s"):
+        GrpcKeepalive(time_s=-1)
+    with pytest.raises(ValueError, match="--grpc-min-client-ping-s"):
+        GrpcKeepalive(min_client_ping_s=float("nan"))
+    with pytest.raises(ValueError, match="--grpc-keepalive-timeout-s"):
+        GrpcKeepalive(timeout_s=0)
+    assert ("grpc.keepalive_time_ms", 2**31 - 1) in GrpcKeepalive(time_s=0).server_options()
