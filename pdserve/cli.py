@@ -82,6 +82,8 @@ def _router_options(a: argparse.Namespace) -> Any:
 
     if a.max_queue < 1:
         raise ValueError(f"--max-queue must be at least 1, got {a.max_queue}")
+    if not 0 <= a.sse_keepalive_s <= 86400:
+        raise ValueError(f"--sse-keepalive-s must be between 0 and 86400, got {a.sse_keepalive_s}")
     return ServerOptions(
         security=RouterSecurity.from_args(a),
         grpc_keepalive=GrpcKeepalive(
@@ -91,6 +93,7 @@ def _router_options(a: argparse.Namespace) -> Any:
         grpc_port=a.grpc_port,
         http_port=a.http_port,
         max_queue=a.max_queue,
+        sse_keepalive_s=a.sse_keepalive_s,
         retry_after_s=a.retry_after_s,
         shutdown_grace_s=a.shutdown_grace_s,
     )
@@ -194,6 +197,14 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="accept a gRPC client's keepalive pings this often, also while its call waits "
         "silently for a first token (gRPC's default, 5 minutes, disconnects a client pinging "
         "every 10-30 s with GOAWAY too_many_pings)",
+    )
+    api.add_argument(
+        "--sse-keepalive-s",
+        type=float,
+        default=15.0,
+        help="send an SSE comment line (': keep-alive', which SSE clients skip) on a stream "
+        "that has been silent this long, e.g. queued before its first token, so proxies with "
+        "an idle timeout keep it open (0 = never)",
     )
     api.add_argument(
         "--max-queue",

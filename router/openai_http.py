@@ -37,7 +37,8 @@ from router.sse import SSEResponse, wait_for_disconnect
 from router.tokenize_api import add_tokenize_routes
 
 
-def build_app(router: Router) -> FastAPI:
+def build_app(router: Router, sse_keepalive_s: float = 15.0) -> FastAPI:
+    """The OpenAI-compatible app; ``sse_keepalive_s``: router/sse.py."""
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     backend = router.backend
 
@@ -123,7 +124,7 @@ def build_app(router: Router) -> FastAPI:
             return error_response(e)
         name = body.model or router.model_name
         fmt = CompletionFormatter(base, name, backend.token_strings, body.n, echo)
-        return await _respond(request, router, prepared, body, fmt, slot)
+        return await _respond(request, router, prepared, body, fmt, slot, sse_keepalive_s)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -155,7 +156,7 @@ def build_app(router: Router) -> FastAPI:
             return error_response(e)
         name = body.model or router.model_name
         fmt = ChatFormatter(base, name, backend.token_strings, body.n, tool_mode != "none")
-        return await _respond(request, router, prepared, body, fmt, slot)
+        return await _respond(request, router, prepared, body, fmt, slot, sse_keepalive_s)
 
     add_tokenize_routes(app, router)
     install_openapi(app, OPERATIONS)
@@ -180,6 +181,7 @@ async def _respond(
     body: CompletionRequest | ChatCompletionRequest,
     fmt: Formatter,
     slot: Slot,
+    sse_keepalive_s: float,
 ) -> Response:
     deadline = router.deadline(body.timeout)
     n = body.n
@@ -195,7 +197,7 @@ async def _respond(
             await events.aclose()
             slot.release()
 
-        return SSEResponse(events, on_close)
+        return SSEResponse(events, on_close, sse_keepalive_s)
     with slot:
         result = await _whole(request, router, sequences, deadline)
     if isinstance(result, Response):

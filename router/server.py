@@ -35,6 +35,7 @@ class ServerOptions:
     shutdown_grace_s: float = 5.0
     security: RouterSecurity = field(default_factory=RouterSecurity)  # keys, TLS
     grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
+    sse_keepalive_s: float = 15.0  # an SSE comment after this long without an event (0: never)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -96,7 +97,7 @@ async def serve_router(
     http_port = sock.getsockname()[1]
     http = _Uvicorn(
         uvicorn.Config(
-            guard.wrap_http(RequestIdHeader(build_app(router))),
+            guard.wrap_http(RequestIdHeader(build_app(router, options.sse_keepalive_s))),
             log_level="warning",
             lifespan="off",
             # Drained before uvicorn is told to stop: what is left are idle connections.

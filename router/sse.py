@@ -1,5 +1,14 @@
 """A server-sent-events response that always cleans up: on completion, on an error, and when
-the client goes away while the stream is idle (waiting in the queue, or between tokens)."""
+the client goes away while the stream is idle (waiting in the queue, or between tokens); and
+that keeps a silent stream open through proxies.
+
+A streaming request sends nothing between its headers and its first token, which under load
+may be minutes in the queue; proxies and load balancers close a response that is silent for
+their idle timeout (ingress-nginx's and AWS ALB's default: 60 s), failing a request that was
+only waiting. An SSE comment line (``: keep-alive``) after each quiet ``keepalive_s`` keeps the
+connection busy; every SSE client skips comments (the spec; the openai SDK and vLLM's bench
+client do), as Text Generation Inference and sse-starlette send them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,36 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+KEEPALIVE = ": keep-alive\n\n"
+
+
+async def with_keepalive(events: AsyncIterator[str], every_s: float) -> AsyncIterator[str]:
+    """``events``, with ``KEEPALIVE`` after each ``every_s`` seconds none came (0: never).
+    ``events`` is left open for its owner to close."""
+    if every_s <= 0:
+        async for event in events:
+            yield event
+        return
+    pending: asyncio.Future[str] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield KEEPALIVE
+                continue
+            next_event, pending = pending, None
+            try:
+                event = next_event.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        if pending is not None:  # closed while waiting: stop that step of ``events`` first
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+
 
 async def wait_for_disconnect(receive: Receive) -> None:
     """Return when the client closes the connection (the request body is already read)."""
@@ -17,9 +56,15 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 
 class SSEResponse(StreamingResponse):
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator[str],
+        on_close: Callable[[], Awaitable[None]],
+        keepalive_s: float = 0.0,
+    ) -> None:
+        """``on_close`` runs once the stream ended, however; ``keepalive_s``: see the module."""
         super().__init__(
-            events,
+            with_keepalive(events, keepalive_s),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

@@ -1,12 +1,16 @@
-"""HTTP/2 keepalive on the router's gRPC server (router/grpc_keepalive.py), against a real
-server whose engine runs one request at a time, so a second request waits silently in the
-queue behind a long one:
+"""A stream stays open while its request waits silently in the queue, and one whose client is
+gone is dropped: tested against a real server whose engine runs one request at a time, so a
+request waits behind long ones and sends nothing until its first token.
 
+gRPC (router/grpc_keepalive.py):
 - a client that pings often (as grpc-go, Envoy or a load balancer's keepalive does) keeps its
   queued call and gets its tokens; with gRPC's default policy the same client is disconnected
   with GOAWAY too_many_pings (shown on a bare gRPC server with the default and pdserve's options);
 - a client that stops answering (SIGSTOP: its kernel still takes the bytes, it answers no ping)
   is disconnected by the server's own pings and its queued request is cancelled before it runs.
+
+HTTP (router/sse.py): a queued SSE stream carries ``: keep-alive`` comments, which proxies see
+as traffic and SSE clients (the openai SDK here) skip.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def queue_server(llama: Path) -> Iterator[Server]:
         llama,
         "--num-kv-blocks", "512", "--max-model-len", "2048", "--max-num-seqs", "1",
         "--grpc-keepalive-s", "0.5", "--grpc-keepalive-timeout-s", "1.5",
-        "--grpc-min-client-ping-s", "0.5",
+        "--grpc-min-client-ping-s", "0.5", "--sse-keepalive-s", "0.3",
     )  # fmt: skip
     yield s
     assert s.stop() == 0, "".join(s.lines)
@@ -166,6 +170,47 @@ async def _frozen_client(server: Server) -> None:
         BLOCKERS * BLOCKER_TOKENS
     )
     assert _metric(server, "pdserve_request_finished_total", reason="abort") == (aborted + 1)
+
+
+def test_a_queued_sse_stream_carries_keepalive_comments(queue_server: Server) -> None:
+    asyncio.run(_queued_sse(queue_server))
+
+
+async def _queued_sse(server: Server) -> None:
+    body = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    client, blockers = await _start_blockers(server, 2)
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        lines = [line async for line in r.aiter_lines()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+    # Behind the blockers (~2 s) every 0.3 s: a comment, then the blank line ending it.
+    assert lines[:first].count(": keep-alive") >= 3, lines[:first]
+    assert set(lines[:first]) == {": keep-alive", ""}
+    assert lines[-2:] == ["data: [DONE]", ""]
+    await blockers
+
+    # The openai SDK reads a chat stream through its comments to the same tokens.
+    messages = [{"role": "user", "content": "hi"}]
+    whole = await client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0},
+    )
+    await client.aclose()
+    client, blockers = await _start_blockers(server, 2)
+
+    def sdk_stream() -> str:
+        stream = server.openai().chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    assert await asyncio.to_thread(sdk_stream) == whole.json()["choices"][0]["message"]["content"]
+    await blockers
+    await client.aclose()
+    server.wait_pool_free()
 
 
 # The frozen client: one queued Generate, read to its end (it is stopped before any token).
