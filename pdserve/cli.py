@@ -82,8 +82,12 @@ def _router_options(a: argparse.Namespace) -> Any:
 
     if a.max_queue < 1:
         raise ValueError(f"--max-queue must be at least 1, got {a.max_queue}")
-    if not 0 <= a.sse_keepalive_s <= 86400:
-        raise ValueError(f"--sse-keepalive-s must be between 0 and 86400, got {a.sse_keepalive_s}")
+    for flag, value in (
+        ("--sse-keepalive-s", a.sse_keepalive_s),
+        ("--http-keepalive-s", a.http_keepalive_s),
+    ):
+        if not 0 <= value <= 86400:
+            raise ValueError(f"{flag} must be between 0 and 86400, got {value}")
     return ServerOptions(
         security=RouterSecurity.from_args(a),
         grpc_keepalive=GrpcKeepalive(
@@ -94,6 +98,7 @@ def _router_options(a: argparse.Namespace) -> Any:
         http_port=a.http_port,
         max_queue=a.max_queue,
         sse_keepalive_s=a.sse_keepalive_s,
+        http_keepalive_s=a.http_keepalive_s,
         retry_after_s=a.retry_after_s,
         shutdown_grace_s=a.shutdown_grace_s,
     )
@@ -197,6 +202,14 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="accept a gRPC client's keepalive pings this often, also while its call waits "
         "silently for a first token (gRPC's default, 5 minutes, disconnects a client pinging "
         "every 10-30 s with GOAWAY too_many_pings)",
+    )
+    api.add_argument(
+        "--http-keepalive-s",
+        type=int,
+        default=75,
+        help="keep an idle HTTP connection open this long; above the idle timeout of the "
+        "load balancer in front (60 s for AWS ALB and nginx; 620 s behind Google's), which "
+        "otherwise reuses a connection the server is closing and answers 502",
     )
     api.add_argument(
         "--sse-keepalive-s",

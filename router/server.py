@@ -36,6 +36,10 @@ class ServerOptions:
     security: RouterSecurity = field(default_factory=RouterSecurity)  # keys, TLS
     grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
     sse_keepalive_s: float = 15.0  # an SSE comment after this long without an event (0: never)
+    # An idle HTTP connection is kept this long (uvicorn's default, 5 s, is below the idle
+    # timeout of the load balancers in front: they reuse a connection the server is closing
+    # and answer 502).
+    http_keepalive_s: int = 75
 
 
 class _Uvicorn(uvicorn.Server):
@@ -102,6 +106,7 @@ async def serve_router(
             lifespan="off",
             # Drained before uvicorn is told to stop: what is left are idle connections.
             timeout_graceful_shutdown=1,
+            timeout_keep_alive=options.http_keepalive_s,
             **guard.uvicorn_tls(),
         )
     )

@@ -10,7 +10,8 @@ gRPC (router/grpc_keepalive.py):
   is disconnected by the server's own pings and its queued request is cancelled before it runs.
 
 HTTP (router/sse.py): a queued SSE stream carries ``: keep-alive`` comments, which proxies see
-as traffic and SSE clients (the openai SDK here) skip.
+as traffic and SSE clients (the openai SDK here) skip; an idle connection stays open past
+uvicorn's 5 s default (``--http-keepalive-s``), so a load balancer reusing it is not answered 502.
 """
 
 from __future__ import annotations
@@ -211,6 +212,24 @@ async def _queued_sse(server: Server) -> None:
     await blockers
     await client.aclose()
     server.wait_pool_free()
+
+
+def test_an_idle_http_connection_outlives_uvicorn_s_default(queue_server: Server) -> None:
+    request = b"GET /health HTTP/1.1\r\nHost: pdserve\r\n\r\n"
+    with queue_server.connect(timeout_s=10) as sock:
+        for idle_s in (0, 6.5):  # uvicorn's own default closes it after 5 s
+            time.sleep(idle_s)
+            sock.sendall(request)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(4096)
+                assert chunk, f"the server closed the connection after {idle_s} s idle"
+                head += chunk
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += sock.recv(4096)
 
 
 # The frozen client: one queued Generate, read to its end (it is stopped before any token).
