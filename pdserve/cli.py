@@ -76,7 +76,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
 
 
 def _router_options(a: argparse.Namespace) -> Any:
-    from router.grpc_keepalive import GrpcKeepalive
+    from router.grpc_connections import GrpcConnectionPolicy
     from router.security import RouterSecurity
     from router.server import ServerOptions
 
@@ -90,8 +90,11 @@ def _router_options(a: argparse.Namespace) -> Any:
             raise ValueError(f"{flag} must be between 0 and 86400, got {value}")
     return ServerOptions(
         security=RouterSecurity.from_args(a),
-        grpc_keepalive=GrpcKeepalive(
-            a.grpc_keepalive_s, a.grpc_keepalive_timeout_s, a.grpc_min_client_ping_s
+        grpc_connections=GrpcConnectionPolicy(
+            a.grpc_keepalive_s,
+            a.grpc_keepalive_timeout_s,
+            a.grpc_min_client_ping_s,
+            a.grpc_max_connection_age_s,
         ),
         host=a.host,
         grpc_port=a.grpc_port,
@@ -202,6 +205,14 @@ def _add_router_args(p: argparse.ArgumentParser) -> None:
         help="accept a gRPC client's keepalive pings this often, also while its call waits "
         "silently for a first token (gRPC's default, 5 minutes, disconnects a client pinging "
         "every 10-30 s with GOAWAY too_many_pings)",
+    )
+    api.add_argument(
+        "--grpc-max-connection-age-s",
+        type=float,
+        default=1800.0,
+        help="send GOAWAY on a gRPC connection this old (0 = never): the client reconnects for "
+        "its next calls, so behind a Kubernetes Service clients spread over router replicas "
+        "the autoscaler adds; calls in flight finish on the old connection",
     )
     api.add_argument(
         "--http-keepalive-s",

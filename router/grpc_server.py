@@ -18,7 +18,7 @@ from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
 from router.errors import ErrorKind, RequestError, invalid_argument
 from router.fanout import best_of, expand, stream_all
 from router.grpc_chat import ToolCallsOut, chat_from_proto
-from router.grpc_keepalive import GrpcKeepalive
+from router.grpc_connections import GrpcConnectionPolicy
 from router.request_ids import check_request_id
 from router.service import Router
 from router.tokenizer_ops import DEFAULT_CHAT_OPTIONS
@@ -264,17 +264,17 @@ class GrpcServer:
         address: str,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tls: ServerTls | None = None,
-        keepalive: GrpcKeepalive | None = None,
+        connections: GrpcConnectionPolicy | None = None,
     ) -> None:
         """``interceptors``: e.g. API keys (router.auth_grpc); ``tls``: serve TLS only;
-        ``keepalive``: the pings each side may send (router.grpc_keepalive)."""
+        ``connections``: keepalive and connection age (router.grpc_connections)."""
         # A request HTTP would read fits here too (grpc's own default is 4 MiB, below what a
         # long-context model's prompt may need); beyond it grpc refuses the message with
         # RESOURCE_EXHAUSTED before reading it, as HTTP answers 413.
         limit = router.limits.max_body_bytes
         options = [
             ("grpc.max_receive_message_length", limit),
-            *(keepalive or GrpcKeepalive()).server_options(),
+            *(connections or GrpcConnectionPolicy()).server_options(),
         ]
         self.server = grpc.aio.server(interceptors=list(interceptors), options=options)
         self._add_generation_service(GenerationServicer(router))

@@ -14,7 +14,7 @@ import uvicorn
 
 from router.admission import Admission
 from router.backend import Backend
-from router.grpc_keepalive import GrpcKeepalive
+from router.grpc_connections import GrpcConnectionPolicy
 from router.grpc_server import GrpcServer
 from router.metrics import RouterMetrics
 from router.openai_http import build_app
@@ -34,7 +34,7 @@ class ServerOptions:
     retry_after_s: float = 1.0
     shutdown_grace_s: float = 5.0
     security: RouterSecurity = field(default_factory=RouterSecurity)  # keys, TLS
-    grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
+    grpc_connections: GrpcConnectionPolicy = field(default_factory=GrpcConnectionPolicy)
     sse_keepalive_s: float = 15.0  # an SSE comment after this long without an event (0: never)
     # An idle HTTP connection is kept this long (uvicorn's default, 5 s, is below the idle
     # timeout of the load balancers in front: they reuse a connection the server is closing
@@ -95,7 +95,7 @@ async def serve_router(
         _hostport(options.host, options.grpc_port),
         guard.grpc_interceptors(),
         security.tls,
-        options.grpc_keepalive,
+        options.grpc_connections,
     )
     sock = _listen(options.host, options.http_port)
     http_port = sock.getsockname()[1]

@@ -2,12 +2,15 @@
 gone is dropped: tested against a real server whose engine runs one request at a time, so a
 request waits behind long ones and sends nothing until its first token.
 
-gRPC (router/grpc_keepalive.py):
+gRPC (router/grpc_connections.py):
 - a client that pings often (as grpc-go, Envoy or a load balancer's keepalive does) keeps its
   queued call and gets its tokens; with gRPC's default policy the same client is disconnected
   with GOAWAY too_many_pings (shown on a bare gRPC server with the default and pdserve's options);
 - a client that stops answering (SIGSTOP: its kernel still takes the bytes, it answers no ping)
-  is disconnected by the server's own pings and its queued request is cancelled before it runs.
+  is disconnected by the server's own pings and its queued request is cancelled before it runs;
+- a connection is ended (GOAWAY) at its maximum age, 1 s here: a client's next calls open a new
+  one (through a Kubernetes Service, possibly to another replica), and a call in flight, such
+  as the queued one above, silent for several ages, finishes on the old one.
 
 HTTP (router/sse.py): a queued SSE stream carries ``: keep-alive`` comments, which proxies see
 as traffic and SSE clients (the openai SDK here) skip; an idle connection stays open past
@@ -32,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
-from router.grpc_keepalive import GrpcKeepalive
+from router.grpc_connections import GrpcConnectionPolicy
 from tests.router.server_harness import REPO_ROOT, Server, start_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -58,6 +61,7 @@ def queue_server(llama: Path) -> Iterator[Server]:
         "--num-kv-blocks", "512", "--max-model-len", "2048", "--max-num-seqs", "1",
         "--grpc-keepalive-s", "0.5", "--grpc-keepalive-timeout-s", "1.5",
         "--grpc-min-client-ping-s", "0.5", "--sse-keepalive-s", "0.3",
+        "--grpc-max-connection-age-s", "1",
     )  # fmt: skip
     yield s
     assert s.stop() == 0, "".join(s.lines)
@@ -232,6 +236,66 @@ def test_an_idle_http_connection_outlives_uvicorn_s_default(queue_server: Server
                 body += sock.recv(4096)
 
 
+class _CountingProxy:
+    """A TCP forwarder to ``target`` that counts the connections made through it."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection(*self._target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            finally:
+                dst.close()
+
+        await asyncio.gather(
+            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
+        )
+
+
+def test_a_connection_is_replaced_at_its_maximum_age(queue_server: Server) -> None:
+    asyncio.run(_aged(queue_server))
+
+
+async def _aged(server: Server) -> None:
+    proxy = _CountingProxy(server.grpc_address)
+    target = await proxy.start()
+    request = pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=[5, 6, 7]),
+        sampling_params=pb.SamplingParams(max_tokens=4, ignore_eos=True, temperature=0),
+    )
+    calls = 0
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        end = time.monotonic() + 4.5
+        while time.monotonic() < end:  # every call succeeds, across the connections' ends
+            tokens = [t async for r in stub.Generate(request, timeout=30) for t in r.token_ids]
+            assert len(tokens) == 4
+            calls += 1
+            await asyncio.sleep(0.1)
+    await proxy.close()
+    # Connections end after 0.9-1.1 s (grpc's jitter): 4.5 s of calls took at least four.
+    assert proxy.connections >= 4, (proxy.connections, calls)
+
+
 # The frozen client: one queued Generate, read to its end (it is stopped before any token).
 _CLIENT = """
 import sys, grpc
@@ -270,14 +334,14 @@ def test_grpc_default_policy_cuts_a_silent_call_pdserve_options_do_not() -> None
     cut = asyncio.run(_watch([]))
     assert cut is not None and cut.code() == grpc.StatusCode.UNAVAILABLE
     assert "too many pings" in (cut.details() or "").lower()
-    assert asyncio.run(_watch(GrpcKeepalive(min_client_ping_s=0.5).server_options())) is None
+    assert asyncio.run(_watch(GrpcConnectionPolicy(min_client_ping_s=0.5).server_options())) is None
 
 
 def test_bad_keepalive_values_are_refused() -> None:
     with pytest.raises(ValueError, match="--grpc-keepalive-s"):
-        GrpcKeepalive(time_s=-1)
+        GrpcConnectionPolicy(time_s=-1)
     with pytest.raises(ValueError, match="--grpc-min-client-ping-s"):
-        GrpcKeepalive(min_client_ping_s=float("nan"))
+        GrpcConnectionPolicy(min_client_ping_s=float("nan"))
     with pytest.raises(ValueError, match="--grpc-keepalive-timeout-s"):
-        GrpcKeepalive(timeout_s=0)
-    assert ("grpc.keepalive_time_ms", 2**31 - 1) in GrpcKeepalive(time_s=0).server_options()
+        GrpcConnectionPolicy(timeout_s=0)
+    assert ("grpc.keepalive_time_ms", 2**31 - 1) in GrpcConnectionPolicy(time_s=0).server_options()

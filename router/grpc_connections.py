@@ -1,4 +1,7 @@
-"""HTTP/2 keepalive on the router's public gRPC server, both ways.
+"""How the router's public gRPC server keeps and ends connections: HTTP/2 keepalive both ways,
+and a maximum connection age.
+
+Keepalive.
 
 A call can be silent for a long time: a request waiting in the queue, or behind a long prompt's
 prefill, sends nothing until its first token. gRPC's server default takes a client's keepalive
@@ -14,6 +17,13 @@ The server pings too: a client that stops answering (its host gone, its process 
 connection closed after ``time_s + timeout_s`` and its calls cancelled, so a request it will
 never read leaves the queue and the KV pool instead of running to its last token. The pings
 also keep an idle connection open through NAT and load balancers that drop quiet flows.
+
+Connection age. A gRPC client holds one HTTP/2 connection for as long as it can, so behind a
+Kubernetes Service (which balances connections, not calls) every client stays on the router
+replica it first reached: replicas the autoscaler adds get no gRPC traffic. After
+``max_age_s`` (grpc adds up to 10% jitter) the server sends GOAWAY: the client opens a new
+connection, through the Service, for its next calls, while calls in flight finish on the old one
+(no grace limit: a long generation is never cut).
 """
 
 from __future__ import annotations
@@ -22,16 +32,18 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class GrpcKeepalive:
+class GrpcConnectionPolicy:
     time_s: float = 60.0  # ping a client whose connection was quiet this long (0 = never)
     timeout_s: float = 20.0  # ... and close it when the ping is not answered within this
     min_client_ping_s: float = 5.0  # a client's pings this close are accepted (closer: strikes)
+    max_age_s: float = 1800.0  # GOAWAY a connection this old, to rebalance clients (0: never)
 
     def __post_init__(self) -> None:
         flags = {
             "time_s": "--grpc-keepalive-s",
             "timeout_s": "--grpc-keepalive-timeout-s",
             "min_client_ping_s": "--grpc-min-client-ping-s",
+            "max_age_s": "--grpc-max-connection-age-s",
         }
         for name, flag in flags.items():
             value = getattr(self, name)
@@ -56,4 +68,5 @@ class GrpcKeepalive:
             # call (a queued request) is still watched.
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.http2.min_ping_interval_without_data_ms", int(self.min_client_ping_s * 1000)),
+            ("grpc.max_connection_age_ms", int(self.max_age_s * 1000) if self.max_age_s else never),
         ]
