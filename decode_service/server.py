@@ -15,7 +15,6 @@ from engine.engine_config import EngineConfig
 from kv_transfer import create_receiver, release_transports, resolve_transport
 from kv_transfer.decode_connector import DecodeConnector
 from kv_transfer.receiver import DEFAULT_LEASE_S
-from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
@@ -28,6 +27,7 @@ from pdserve.worker_process import (
     drain,
     metrics_port_of,
     prepare_worker_process,
+    run_worker,
     start_grpc_server,
     wait_for_stop_signal,
 )
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         security.kv_transport(a.kv_transport)
     except ValueError as e:
         p.error(str(e))
-    asyncio.run(
+    return run_worker(
         serve(
             config,
             a.host,
@@ -186,5 +186,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.drain_migrate_after_s,
         )
     )
-    exit_now(0)
-    return 0

@@ -297,6 +297,13 @@ def open_sync_channel(target: str, tls: ClientTls | None) -> grpc.Channel:
     return grpc.secure_channel(target, grpc_channel_credentials(tls), options=channel_options(tls))
 
 
+# Every pdserve gRPC server takes its port alone. grpc sets SO_REUSEPORT by default, so a
+# second server on a port already served (another `pdserve serve` left on the default
+# --grpc-port, a worker on a taken --port) bound it without a word and the kernel split the
+# connections between the two: clients reached either model, at random.
+EXCLUSIVE_PORT: tuple[str, int] = ("grpc.so_reuseport", 0)
+
+
 def add_port(server: grpc.aio.Server, address: str, tls: ServerTls | None) -> int:
     """Bind ``address`` plain or with TLS; returns the port. Raises OSError naming the address
     when it cannot bind (grpcio raises a RuntimeError that names no cause; older ones

@@ -9,15 +9,16 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from pdserve.fast_exit import exit_now
 from pdserve.options import add_engine_args
-from pdserve.tls import MESSAGE_OPTIONS, ServerTls, add_port
+from pdserve.tls import EXCLUSIVE_PORT, MESSAGE_OPTIONS, ServerTls, add_port
 from pdserve.worker_control_args import add_control_args
 from pdserve.worker_security import add_tls_args
 
@@ -74,6 +75,18 @@ def build_engine(config: EngineConfig, connector: KVConnector) -> LLMEngine:
         raise SystemExit(2) from None
 
 
+def run_worker(serve: Coroutine[Any, Any, None]) -> int:
+    """Run a worker's ``serve`` to its end and exit. An address it cannot take (an OSError
+    naming it, e.g. a port in use) is one ``error:`` line and exit status 1, as the router's."""
+    try:
+        asyncio.run(serve)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        exit_now(1)
+    exit_now(0)
+    return 0
+
+
 async def start_grpc_server(
     add_servicer: Any,
     servicer: Any,
@@ -87,7 +100,8 @@ async def start_grpc_server(
     grpc.health.v1 (SERVING for "" and ``service_name``) on ``host:port`` (0 = any free
     port); returns the server, its bound port and the health servicer (``drain`` turns it
     NOT_SERVING). ``tls``: the port speaks only (mutual) TLS."""
-    server = grpc.aio.server(options=MESSAGE_OPTIONS)  # what the router let in
+    # Messages as large as the router let in; the port alone.
+    server = grpc.aio.server(options=[*MESSAGE_OPTIONS, EXCLUSIVE_PORT])
     add_servicer(servicer, server)
     for add, other in extra:
         add(other, server)

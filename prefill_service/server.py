@@ -13,7 +13,6 @@ from engine.engine_config import EngineConfig
 from kv_transfer import KVSender, release_transports
 from kv_transfer.peers import RegisteredPeers
 from kv_transfer.prefill_connector import PrefillConnector
-from pdserve.fast_exit import exit_now
 from pdserve.metrics.http import MetricsServer
 from pdserve.metrics.worker import worker_registry
 from pdserve.options import engine_config_from_args
@@ -26,6 +25,7 @@ from pdserve.worker_process import (
     drain,
     metrics_port_of,
     prepare_worker_process,
+    run_worker,
     start_grpc_server,
     wait_for_stop_signal,
 )
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         security = WorkerSecurity.from_args(a)
     except ValueError as e:
         p.error(str(e))
-    asyncio.run(
+    return run_worker(
         serve(
             config,
             a.host,
@@ -152,5 +152,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             security,
         )
     )
-    exit_now(0)
-    return 0

@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from pdserve.tls import ServerTls, add_port
+from pdserve.tls import EXCLUSIVE_PORT, ServerTls, add_port
 from pdserve.wire import delta_to_proto, sampling_params_from_proto
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
@@ -275,6 +275,7 @@ class GrpcServer:
         options = [
             ("grpc.max_receive_message_length", limit),
             *(connections or GrpcConnectionPolicy()).server_options(),
+            EXCLUSIVE_PORT,
         ]
         self.server = grpc.aio.server(interceptors=list(interceptors), options=options)
         self._add_generation_service(GenerationServicer(router))
