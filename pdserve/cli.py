@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pdserve
 from pdserve.launch import DEFAULT_DECODE_NICE
 from pdserve.options import add_engine_args, engine_config_from_args
 from pdserve.serve_disaggregated import add_cluster_args
@@ -144,10 +145,12 @@ def _router_metrics(a: argparse.Namespace, backend: Any, mode: str) -> Any:
     model = backend.model_info().model
     metrics = RouterMetrics(role, model, seconds(a.slo_ttft_ms), seconds(a.slo_itl_ms))
     if mode == "colocated":
+        from pdserve.metrics.build_info import engine_labels
         from pdserve.metrics.engine_collector import EngineCollector
 
         engine = backend.async_engine
         metrics.registry.register(EngineCollector(engine, role, model))
+        metrics.build_info.add(engine_labels(engine))
         metrics.stages.add("prefill_queue", engine.metrics.queue_seconds)
         metrics.stages.add("prefill_compute", engine.metrics.prefill_seconds)
     cluster = getattr(backend, "cluster", None)
@@ -345,6 +348,7 @@ def _add_serve_parser(sub: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pdserve {pdserve.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text offline for one or more prompts")
     gen.add_argument("--prompt", action="append", required=True, help="repeat for a batch")

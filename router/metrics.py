@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 from engine.metrics import LATENCY_BUCKETS_S
 from engine.metrics import Histogram as PlainHistogram
 from engine.outputs import RequestOutput
+from pdserve.metrics.build_info import BuildInfo
 from pdserve.metrics.stages import TtftStages
 from router.admission import Admission
 from router.backend import Backend, GenerateRequest
@@ -58,6 +59,7 @@ class RouterMetrics:
         self.slo_ttft_s, self.slo_itl_s = slo_ttft_s, slo_itl_s
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
+        self.build_info = BuildInfo(self.registry, role, model)
         self.stages = TtftStages(role, model)
         self.registry.register(self.stages)
         self.router_queue = PlainHistogram(LATENCY_BUCKETS_S)

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
+import pdserve
 from engine.outputs import RequestOutput
 from router.admission import Slot
 from router.backend import GenerateRequest
@@ -64,6 +65,11 @@ def build_app(router: Router, sse_keepalive_s: float = 15.0) -> FastAPI:
             },
             status_code=200 if ok else 503,
         )
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        """vLLM's: the server's version."""
+        return JSONResponse({"version": pdserve.__version__})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from engine.async_engine import AsyncEngine
 from engine.metrics import Histogram
 from kv_transfer.metrics import TransferMetrics
+from pdserve.metrics.build_info import BuildInfo, engine_labels
 from pdserve.metrics.engine_collector import EngineCollector
 from pdserve.metrics.stages import TtftStages
 from pdserve.metrics.transfer_collector import TransferCollector
@@ -32,6 +33,7 @@ def worker_registry(
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(EngineCollector(engine, role, model))
+    BuildInfo(registry, role, model).add(engine_labels(engine))
     ttft = TtftStages(role, model)
     metrics = engine.metrics
     ttft.add("prefill_queue", metrics.queue_seconds)

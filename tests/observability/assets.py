@@ -90,3 +90,27 @@ def recorded_names() -> list[str]:
 def selectors(expr: str) -> list[str]:
     """Every pdserve metric / recording-rule selector in ``expr``, with its matchers."""
     return sorted({m.group(0) for m in _SELECTOR.finditer(expr)})
+
+
+# The labels of pdserve_build_info besides role and model (pdserve/metrics/build_info.py).
+BUILD_KEYS = ("version", "python", "attention_backend", "device", "torch")
+
+
+def engine_build_labels() -> dict[str, str]:
+    """What pdserve_build_info says of a process with an engine on this machine's CPU, found
+    independently of the code under test: the package's version, this Python, this torch,
+    and the attention backend the engine's selector picks here."""
+    import platform
+
+    import torch
+
+    import pdserve
+    from engine.attention.selector import get_attention_backend
+
+    return {
+        "version": pdserve.__version__,
+        "python": platform.python_version(),
+        "attention_backend": get_attention_backend(torch.device("cpu")).name,
+        "device": "cpu",
+        "torch": torch.__version__,
+    }

@@ -9,6 +9,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import TINY_ARCHS
+from tests.observability.assets import engine_build_labels
 from tests.router.server_harness import start_server
 
 
@@ -44,5 +45,7 @@ def test_colocated_metrics(model_factory: Any) -> None:
         for stage in ("router_queue", "prefill_queue", "prefill_compute"):
             assert value("pdserve_request_ttft_stage_seconds_count", stage=stage) == 2
         assert any(n.startswith("process_") for n in names)
+        build = [s.labels for f in families for s in f.samples if s.name == "pdserve_build_info"]
+        assert build == [{"role": "colocated", "model": "tiny", **engine_build_labels()}]
     finally:
         assert srv.stop() == 0

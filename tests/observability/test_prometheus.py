@@ -21,8 +21,10 @@ import yaml
 
 from tests.conftest import TINY_ARCHS
 from tests.observability.assets import (
+    BUILD_KEYS,
     RULE_FILES,
     dashboard_queries,
+    engine_build_labels,
     recorded_names,
     rule_queries,
     selectors,
@@ -259,6 +261,18 @@ def test_every_rule_expression_parses_and_has_data(loaded: Prometheus) -> None:
             assert rule["state"] == "inactive", (
                 f"{rule['name']} is {rule['state']} on a healthy run"
             )
+
+
+def test_every_process_reports_its_build(loaded: Prometheus) -> None:
+    """pdserve_build_info: the router's versions; each worker's too, with its engine's."""
+    rows = [r["metric"] for r in loaded.query(f'pdserve_build_info{{namespace="{NAMESPACE}"}}')]
+    assert sorted(r["role"] for r in rows) == ["decode", "prefill", "router"]
+    for labels in rows:
+        build = {k: labels[k] for k in labels if k not in ("role", "model") and k in BUILD_KEYS}
+        want = engine_build_labels()
+        if labels["role"] == "router":  # no engine
+            want = {k: want[k] for k in ("version", "python")}
+        assert build == want, labels
 
 
 def test_scraped_numbers_match_the_load(loaded: Prometheus) -> None:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+import pdserve
 from pdserve import LLM, SamplingParams
 from protos.pdserve.v1 import generate_pb2 as pb
 from protos.pdserve.v1 import generate_pb2_grpc as pb_grpc
@@ -176,6 +177,7 @@ def test_logprobs_and_vllm_extras(server: Server, offline: LLM) -> None:
 def test_openai_client(server: Server, offline: LLM) -> None:
     client = server.openai()
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert server.get("/version").json() == {"version": pdserve.__version__}  # vLLM's
 
     ref = offline.generate("the quick brown fox", _greedy(6))[0]
     c = client.completions.create(
