@@ -116,5 +116,18 @@ PANELS: tuple[Panel | Row, ...] = (
         "short",
         (rate("pdserve_engine_generation_tokens_total", POOL, "role"),),
     ),
+    Panel(
+        "Processes by version and kernels",
+        "short",
+        (
+            Target(
+                f"count by (role, version, attention_backend) (pdserve_build_info{{{SEL}}})",
+                "{{role}} {{version}} {{attention_backend}}",
+            ),
+        ),
+        "pdserve processes by version (the mix during a rollout) and, for engines, attention "
+        "backend: cpu = the compiled CPU kernels, torch = the fallback when they could not "
+        "build (slower), triton on GPUs.",
+    ),
     *control_plane.PANELS,
 )
