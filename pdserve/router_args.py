@@ -86,10 +86,11 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     api.add_argument(
         "--sse-keepalive-s",
         type=float,
-        default=15.0,
-        help="send an SSE comment line (': keep-alive', which SSE clients skip) on a stream "
-        "that has been silent this long, e.g. queued before its first token, so proxies with "
-        "an idle timeout keep it open (0 = never)",
+        default=0.0,
+        help="send an SSE comment line (': keep-alive') on a stream silent this long, e.g. "
+        "queued before its first token, so a proxy with an idle timeout (60 s for "
+        "ingress-nginx and AWS ALB) keeps it open (0 = never, the default: vLLM's `vllm bench "
+        "serve` client mis-parses SSE comments and fails the request; the openai SDK skips them)",
     )
     api.add_argument(
         "--max-queue",

@@ -38,7 +38,7 @@ from router.sse import SSEResponse, wait_for_disconnect
 from router.tokenize_api import add_tokenize_routes
 
 
-def build_app(router: Router, sse_keepalive_s: float = 15.0) -> FastAPI:
+def build_app(router: Router, sse_keepalive_s: float = 0.0) -> FastAPI:
     """The OpenAI-compatible app; ``sse_keepalive_s``: router/sse.py."""
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     backend = router.backend

@@ -35,7 +35,7 @@ class ServerOptions:
     shutdown_grace_s: float = 5.0
     security: RouterSecurity = field(default_factory=RouterSecurity)  # keys, TLS
     grpc_connections: GrpcConnectionPolicy = field(default_factory=GrpcConnectionPolicy)
-    sse_keepalive_s: float = 15.0  # an SSE comment after this long without an event (0: never)
+    sse_keepalive_s: float = 0.0  # an SSE comment after this long without an event (0: never)
     # An idle HTTP connection is kept this long (uvicorn's default, 5 s, is below the idle
     # timeout of the load balancers in front: they reuse a connection the server is closing
     # and answer 502).

@@ -6,8 +6,11 @@ A streaming request sends nothing between its headers and its first token, which
 may be minutes in the queue; proxies and load balancers close a response that is silent for
 their idle timeout (ingress-nginx's and AWS ALB's default: 60 s), failing a request that was
 only waiting. An SSE comment line (``: keep-alive``) after each quiet ``keepalive_s`` keeps the
-connection busy; every SSE client skips comments (the spec; the openai SDK and vLLM's bench
-client do), as Text Generation Inference and sse-starlette send them.
+connection busy, as Text Generation Inference and sse-starlette send them. The SSE spec has
+clients skip comments, and the openai SDK does; vLLM's ``vllm bench serve`` client (0.32) does
+not: it strips each network chunk of its line ends before splitting events, so a comment glues
+itself to every later event and the request fails (measured: 2 of 48 in issue 18's serving
+run). Off by default, then: a deployment behind such a proxy turns it on.
 """
 
 from __future__ import annotations
