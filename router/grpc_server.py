@@ -11,6 +11,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+import pdserve
 from pdserve.tls import EXCLUSIVE_PORT, ServerTls, add_port
 from pdserve.wire import delta_to_proto, sampling_params_from_proto
 from protos.pdserve.v1 import generate_pb2 as pb
@@ -244,6 +245,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             vocab_size=info.vocab_size,
             block_size=info.block_size,
             eos_token_ids=info.eos_token_ids,
+            server_version=pdserve.__version__,
             load=pb.Load(
                 num_blocks=load.num_blocks,
                 num_free_blocks=load.num_free_blocks,

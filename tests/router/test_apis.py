@@ -252,6 +252,7 @@ def test_grpc_tokenize_model_info_and_health(server: Server, offline: LLM) -> No
             info.model == "tiny" and info.max_model_len == MAX_MODEL_LEN and info.block_size == 16
         )
         assert info.load.num_blocks == NUM_KV_BLOCKS * server.num_pools
+        assert info.server_version == pdserve.__version__  # as HTTP's GET /version
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         health = health_pb2_grpc.HealthStub(channel)
