@@ -148,13 +148,22 @@ def test_a_client_that_stops_answering_is_dropped(queue_server: Server) -> None:
 async def _frozen_client(server: Server) -> None:
     generated = _metric(server, "pdserve_engine_generation_tokens_total")
     aborted = _metric(server, "pdserve_request_finished_total", reason="abort")
-    client, blockers = await _start_blockers(server, BLOCKERS)
+    # Started and connected first, it sends its request on a line from us: at once, while the
+    # first blocker still runs (~1 s), so it queues behind all of them.
     frozen = subprocess.Popen(
         [sys.executable, "-c", _CLIENT, server.grpc_address],
         cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        assert frozen.stdout is not None and frozen.stdin is not None
+        assert await asyncio.to_thread(frozen.stdout.readline) == "connected\n"
+        client, blockers = await _start_blockers(server, BLOCKERS)
+        frozen.stdin.write("go\n")
+        frozen.stdin.flush()
         await _wait_load(server, lambda load: load["num_waiting_requests"] == BLOCKERS)
         frozen.send_signal(signal.SIGSTOP)
         # The server's pings go unanswered (every 0.5 s, 1.5 s to answer): the connection is
@@ -296,11 +305,15 @@ async def _aged(server: Server) -> None:
     assert proxy.connections >= 4, (proxy.connections, calls)
 
 
-# The frozen client: one queued Generate, read to its end (it is stopped before any token).
+# The frozen client: connected, it sends one Generate on a line from stdin and reads it to its
+# end (it is stopped before any token).
 _CLIENT = """
 import sys, grpc
 from protos.pdserve.v1 import generate_pb2 as pb, generate_pb2_grpc as pb_grpc
 with grpc.insecure_channel(sys.argv[1]) as channel:
+    grpc.channel_ready_future(channel).result(timeout=60)
+    print("connected", flush=True)
+    sys.stdin.readline()
     request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6, 7]),
         sampling_params=pb.SamplingParams(max_tokens=50, ignore_eos=True))
     for _ in pb_grpc.GenerationServiceStub(channel).Generate(request):
