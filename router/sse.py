@@ -25,12 +25,8 @@ KEEPALIVE = ": keep-alive\n\n"
 
 
 async def with_keepalive(events: AsyncIterator[str], every_s: float) -> AsyncIterator[str]:
-    """``events``, with ``KEEPALIVE`` after each ``every_s`` seconds none came (0: never).
+    """``events``, with ``KEEPALIVE`` after each ``every_s`` (> 0) seconds none came.
     ``events`` is left open for its owner to close."""
-    if every_s <= 0:
-        async for event in events:
-            yield event
-        return
     pending: asyncio.Future[str] | None = None
     try:
         while True:
@@ -67,7 +63,7 @@ class SSEResponse(StreamingResponse):
     ) -> None:
         """``on_close`` runs once the stream ended, however; ``keepalive_s``: see the module."""
         super().__init__(
-            with_keepalive(events, keepalive_s),
+            with_keepalive(events, keepalive_s) if keepalive_s > 0 else events,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
