@@ -50,10 +50,27 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
+# TCP keepalive on every HTTP connection (accepted sockets inherit it from the listener): a
+# client whose host is gone (crashed, cut off) sends no FIN, so without it its queued request
+# waited for its turn and ran to its last token; now the kernel drops the connection after 60 s
+# idle and 3 unanswered probes 10 s apart, and the request is aborted on the disconnect.
+# (gRPC has its own pings: router/grpc_connections.py.)
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 60, 10, 3
+
+
+def _tcp_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's own timers
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+
+
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _tcp_keepalive(sock)
     try:
         sock.bind((host, port))
     except OSError as e:

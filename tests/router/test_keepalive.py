@@ -14,7 +14,9 @@ gRPC (router/grpc_connections.py):
 
 HTTP (router/sse.py): a queued SSE stream carries ``: keep-alive`` comments, which proxies see
 as traffic and SSE clients (the openai SDK here) skip; an idle connection stays open past
-uvicorn's 5 s default (``--http-keepalive-s``), so a load balancer reusing it is not answered 502.
+uvicorn's 5 s default (``--http-keepalive-s``), so a load balancer reusing it is not answered 502;
+and the server's end of every HTTP connection has TCP keepalive armed, so a client whose host
+is gone is dropped (seen in the kernel's own table, /proc/net/tcp).
 """
 
 from __future__ import annotations
@@ -303,6 +305,32 @@ async def _aged(server: Server) -> None:
     await proxy.close()
     # Connections end after 0.9-1.1 s (grpc's jitter): 4.5 s of calls took at least four.
     assert proxy.connections >= 4, (proxy.connections, calls)
+
+
+def _server_side_timer(http_port: int, client_port: int) -> tuple[int, int]:
+    """The kernel's timer of the server's end of a loopback connection: (kind, clock ticks
+    left); kind 2 is keepalive (/proc/net/tcp, IPv4)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, timer = fields[1], fields[2], fields[3], fields[5]
+        if (
+            int(local.split(":")[1], 16) == http_port
+            and int(remote.split(":")[1], 16) == client_port
+            and state == "01"  # ESTABLISHED
+        ):
+            kind, ticks = timer.split(":")
+            return int(kind, 16), int(ticks, 16)
+    raise AssertionError(f"no connection from port {client_port} to {http_port}")
+
+
+def test_http_connections_have_tcp_keepalive(queue_server: Server) -> None:
+    http_port = int(queue_server.http_url.rsplit(":", 1)[1])
+    with queue_server.connect() as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: pdserve\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # accepted and served
+        kind, ticks = _server_side_timer(http_port, sock.getsockname()[1])
+    assert kind == 2, f"no keepalive timer on the server's end (kind {kind})"
+    assert 0 < ticks <= 60 * os.sysconf("SC_CLK_TCK")  # probes start after 60 s idle
 
 
 # The frozen client: connected, it sends one Generate on a line from stdin and reads it to its
