@@ -56,12 +56,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 def _cmd_serve(a: argparse.Namespace) -> int:
     try:
-        router_options(a)  # validate before loading the model or starting a worker
+        options = router_options(a)  # before loading the model or starting a worker
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not a.colocated:
-        return _serve_disaggregated(a)
+        return _serve_disaggregated(a, options)
     from router.local_backend import LocalEngineBackend
     from router.tokenizer_ops import load_chat_template
 
@@ -74,12 +74,17 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _run_router(a, backend, "colocated")
+    return _run_router(a, backend, "colocated", options)
 
 
 def _run_router(
-    a: argparse.Namespace, backend: Any, mode: str, on_drained: Callable[[], None] | None = None
+    a: argparse.Namespace,
+    backend: Any,
+    mode: str,
+    options: Any,
+    on_drained: Callable[[], None] | None = None,
 ) -> int:
+    """Serve ``backend`` with the router's ``options`` (``router_options(a)``) until stopped."""
     import asyncio
 
     from router.server import serve_router
@@ -92,7 +97,7 @@ def _run_router(
 
     try:
         metrics = _router_metrics(a, backend, mode)
-        asyncio.run(serve_router(backend, router_options(a), ready, metrics, on_drained))
+        asyncio.run(serve_router(backend, options, ready, metrics, on_drained))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -130,10 +135,12 @@ def _router_metrics(a: argparse.Namespace, backend: Any, mode: str) -> Any:
     return metrics
 
 
-def _serve_disaggregated(a: argparse.Namespace) -> int:
+def _serve_disaggregated(a: argparse.Namespace, options: Any) -> int:
     from pdserve.serve_disaggregated import serve_disaggregated
 
-    return serve_disaggregated(a, _run_router)
+    return serve_disaggregated(
+        a, lambda a, backend, mode, on_drained: _run_router(a, backend, mode, options, on_drained)
+    )
 
 
 def _cmd_router(a: argparse.Namespace) -> int:
@@ -142,13 +149,13 @@ def _cmd_router(a: argparse.Namespace) -> int:
     from router.tokenizer_ops import load_chat_template
 
     try:
-        router_options(a)  # validate before dialling a worker
+        options = router_options(a)  # before dialling a worker
         template = load_chat_template(a.chat_template)
         backend = make_backend(a, a.model or str(demo_model_path()), a.decode, a.prefill, template)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return _run_router(a, backend, "router")
+    return _run_router(a, backend, "router", options)
 
 
 def _add_serve_parser(sub: Any) -> None:

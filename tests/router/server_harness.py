@@ -136,6 +136,17 @@ class Server:
             r.raise_for_status()
         return dict(r.json())
 
+    def metric(self, name: str, **labels: str) -> float:
+        """Sample ``name`` of /metrics, summed over its label sets that carry ``labels`` (0 when
+        there is none)."""
+        total = 0.0
+        for line in self.get("/metrics", timeout=10).text.splitlines():
+            series, _, value = line.rpartition(" ")
+            metric, _, label_text = series.partition("{")
+            if metric == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+                total += float(value)
+        return total
+
     def wait_pool_free(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Poll /health until every KV block is free and nothing is in flight."""
         deadline = time.monotonic() + timeout_s

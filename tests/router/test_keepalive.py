@@ -69,17 +69,6 @@ def queue_server(llama: Path) -> Iterator[Server]:
     assert s.stop() == 0, "".join(s.lines)
 
 
-def _metric(server: Server, name: str, **labels: str) -> float:
-    """A sample of /metrics, summed over the label sets that have ``labels``."""
-    total = 0.0
-    for line in server.get("/metrics").text.splitlines():
-        series, _, value = line.rpartition(" ")
-        metric, _, label_text = series.partition("{")
-        if metric == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 async def _start_blockers(
     server: Server, n: int
 ) -> tuple[httpx.AsyncClient, asyncio.Future[list[None]]]:
@@ -148,8 +137,8 @@ def test_a_client_that_stops_answering_is_dropped(queue_server: Server) -> None:
 
 
 async def _frozen_client(server: Server) -> None:
-    generated = _metric(server, "pdserve_engine_generation_tokens_total")
-    aborted = _metric(server, "pdserve_request_finished_total", reason="abort")
+    generated = server.metric("pdserve_engine_generation_tokens_total")
+    aborted = server.metric("pdserve_request_finished_total", reason="abort")
     # Started and connected first, it sends its request on a line from us: at once, while the
     # first blocker still runs (~1 s), so it queues behind all of them.
     frozen = subprocess.Popen(
@@ -171,7 +160,7 @@ async def _frozen_client(server: Server) -> None:
         # The server's pings go unanswered (every 0.5 s, 1.5 s to answer): the connection is
         # closed and the queued request cancelled while the blockers still run.
         deadline = time.monotonic() + 60
-        while _metric(server, "pdserve_request_finished_total", reason="abort") == aborted:
+        while server.metric("pdserve_request_finished_total", reason="abort") == aborted:
             assert time.monotonic() < deadline, "the frozen client's request was not dropped"
             await asyncio.sleep(0.05)
         assert not blockers.done()
@@ -182,10 +171,10 @@ async def _frozen_client(server: Server) -> None:
     await client.aclose()
     server.wait_pool_free()
     # The dropped request never ran: only the blockers' tokens were generated.
-    assert _metric(server, "pdserve_engine_generation_tokens_total") - generated == (
+    assert server.metric("pdserve_engine_generation_tokens_total") - generated == (
         BLOCKERS * BLOCKER_TOKENS
     )
-    assert _metric(server, "pdserve_request_finished_total", reason="abort") == (aborted + 1)
+    assert server.metric("pdserve_request_finished_total", reason="abort") == (aborted + 1)
 
 
 def test_a_queued_sse_stream_carries_keepalive_comments(queue_server: Server) -> None:
