@@ -22,7 +22,7 @@ from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.pointwise_check import check_pointwise
 from engine.outputs import SampledToken
-from engine.sampler import Sampler, SamplingRow
+from engine.sampler import Sampler, SamplingRow, takes_raw_argmax
 from engine.scheduler_output import SchedulerOutput
 from engine.structured.masks import GrammarMasks
 
@@ -109,7 +109,6 @@ class ModelRunner:
         if not logits_rows:
             return StepResult({})
         rows_idx = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows_idx))
         sampling_rows = [
             SamplingRow(
                 s.request_id,
@@ -121,8 +120,37 @@ class ModelRunner:
             for s in output.scheduled
             if s.sample
         ]
-        tokens = self.sampler.sample(logits, sampling_rows)
+        tokens = self._sample(hidden.index_select(0, rows_idx), sampling_rows)
         return StepResult({r.request_id: t for r, t in zip(sampling_rows, tokens, strict=True)})
+
+    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        """One token per row of ``hidden``. Rows whose token is their logits' argmax and nothing
+        else get it from the model's greedy head where it has one (no float32 logits: the same
+        token); the others' logits go through the sampler."""
+        plain = (
+            [i for i, r in enumerate(rows) if takes_raw_argmax(r)]
+            if self.model.has_greedy_head
+            else []
+        )
+        if not plain:
+            return self.sampler.sample(self.model.compute_logits(hidden), rows)
+        out: list[SampledToken | None] = [None] * len(rows)
+        if len(plain) == len(rows):
+            picked = self.model.greedy_tokens(hidden)
+        else:
+            picked = self.model.greedy_tokens(hidden.index_select(0, self._index(plain)))
+        for i, t in zip(plain, picked.tolist(), strict=True):
+            out[i] = SampledToken(t)
+        rest = [i for i, o in enumerate(out) if o is None]
+        if rest:
+            logits = self.model.compute_logits(hidden.index_select(0, self._index(rest)))
+            sampled = self.sampler.sample(logits, [rows[i] for i in rest])
+            for i, token in zip(rest, sampled, strict=True):
+                out[i] = token
+        return [t for t in out if t is not None]
+
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def _prepare_inputs(
         self, output: SchedulerOutput

@@ -159,6 +159,21 @@ class Sampler:
         return out
 
 
+def takes_raw_argmax(row: SamplingRow) -> bool:
+    """Whether ``Sampler.sample`` gives this row the first maximal index of its raw logits and
+    nothing else: greedy, with no penalty, logit bias, min_tokens ban, grammar or logprobs
+    (``ModelRunner`` then asks the model for the token alone)."""
+    p = row.params
+    return (
+        p.is_greedy
+        and not p.has_penalties
+        and not p.logit_bias
+        and row.num_output_tokens >= p.min_tokens
+        and p.structured is None
+        and p.logprobs is None
+    )
+
+
 _MASK64 = (1 << 64) - 1
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.fused_layers import FusedLayers
+from engine.models.greedy_head import GreedyLmHead
 from engine.models.layers import (
     PackedGateUpSiLU,
     PackedLinear,
@@ -179,9 +180,16 @@ class LlamaForCausalLM(nn.Module):
             linear = linears.pop(name)
             parent, _, attr = name.rpartition(".")
             packed = pack_into(view, linear.weight, kernels)
-            gate_up = attr == "gate_up_proj" and linear.bias is None
-            packed_type = PackedGateUpSiLU if gate_up else PackedLinear
-            setattr(self.get_submodule(parent), attr, packed_type(linear, kernels, packed))
+            module: nn.Module
+            if name == "lm_head":
+                tied = linear.weight is self.embed_tokens.weight
+                rows = self.embed_tokens.weight if tied else None
+                module = GreedyLmHead.maybe(linear, kernels, packed, rows)
+            elif attr == "gate_up_proj" and linear.bias is None:
+                module = PackedGateUpSiLU(linear, kernels, packed)
+            else:
+                module = PackedLinear(linear, kernels, packed)
+            setattr(self.get_submodule(parent), attr, module)
             del linear
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         if all(layer.can_fuse() for layer in layers):
@@ -213,3 +221,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    @property
+    def has_greedy_head(self) -> bool:
+        """Whether ``greedy_tokens`` finds greedy tokens without the full logits."""
+        return isinstance(self.lm_head, GreedyLmHead)
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each row's first maximal index of ``compute_logits(hidden)`` (``has_greedy_head``)."""
+        assert isinstance(self.lm_head, GreedyLmHead)
+        return self.lm_head.greedy(hidden)

@@ -39,6 +39,7 @@ SOURCES = (
     "gemm.cpp",
     "elementwise.cpp",
     "argmax.cpp",
+    "greedy_head.cpp",
     "pool.cpp",
 )
 HEADERS = ("kernels.h", "vec.h", "pool.h", "phase_timers.h", "tensor_args.h")

@@ -261,6 +261,8 @@ struct SiluMulOut {
   }
 };
 
+}  // namespace
+
 // Whether a call whose rows fit one row block (m <= MR), so that it reads each weight once,
 // prefetches the weights in software as larger calls do. On AMD Zen 4 the hardware's stream
 // prefetcher keeps up with that single pass and software prefetches on top of it only take miss
@@ -280,6 +282,8 @@ bool prefetch_single_pass() {
   return false;
 #endif
 }
+
+namespace {
 
 // The calling thread's buffer that units' passes accumulate into (run_panels: one unit's, or a
 // decode-size call's tile of all of them), at least `floats` long.

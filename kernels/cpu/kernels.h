@@ -78,6 +78,10 @@ void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
                             const uint16_t* packed, int64_t inter, float* out, int64_t ldo,
                             int num_threads);
 
+// Whether a weight stream that one row block reads once is prefetched in software (Intel: yes;
+// AMD Zen 4, whose hardware prefetcher keeps up: no). gemm.cpp says what was measured.
+bool prefetch_single_pass();
+
 // ---- elementwise.cpp ------------------------------------------------------------------------
 // out = weight * (x / sqrt(mean(x^2) + eps)), computed in float32 (HF's RMSNorm); when
 // `residual` is given, first residual += x and the sum is normalised.
@@ -99,5 +103,23 @@ void silu_mul(const void* gate_up, int64_t in_stride, void* out, int64_t out_str
 // out[r] = torch.argmax(x[r, :n]): the first maximal index, a NaN counting as the maximum.
 void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t stride, int64_t* out,
                  int num_threads);
+
+// ---- greedy_head.cpp (float32) ----------------------------------------------------------------
+// Whether this build and CPU run the greedy head (AVX-512 with AVX512-BF16).
+bool greedy_head_supported();
+// The screen of a weight [n, k] (uint16 elements) and its rows' norms (n floats, rounded up).
+// Returns false when some row's norm is not finite or too large for the screen's bound.
+int64_t greedy_head_screen_elements(int64_t n, int64_t k);
+bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* screen,
+                      float* norms, int num_threads);
+// tokens[r] = argmax_rows of x[r] @ W^T as linear_packed computes it on `packed` (W's panels,
+// float32 or bf16; no bias), from W's screen and norms; -1 for a row it cannot answer (x not
+// finite or too large, a logit not finite): the caller computes that row's logits. `w`: W
+// itself in float32 rows ldw apart, if the caller keeps it (a tied lm_head's embedding table),
+// for the exact pass to read candidates' rows instead of whole panels; else null.
+template <typename Wt>
+void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* screen,
+                 const float* norms, const Wt* packed, const float* w, int64_t ldw, int64_t n,
+                 int64_t* tokens, int num_threads);
 
 }  // namespace pdcpu

@@ -137,6 +137,67 @@ Tensor argmax(const Tensor& logits) {
   return out;
 }
 
+bool greedy_head_supported() { return pdcpu::greedy_head_supported(); }
+
+// (screen, norms) of an lm_head weight for greedy_head; refused where the CPU or build has no
+// AVX512-BF16, or a row's norm is not finite.
+std::tuple<Tensor, Tensor> pack_greedy_head(const Tensor& w) {
+  check_last_contiguous(w, "weight");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat,
+              "pdserve_cpu.pack_greedy_head: weight must be float32 [out, in]");
+  TORCH_CHECK(pdcpu::greedy_head_supported(),
+              "pdserve_cpu.pack_greedy_head: needs an AVX-512 build on a CPU with AVX512-BF16");
+  const int64_t n = w.size(0), k = w.size(1), nb = pdcpu::linear_panel_width();
+  Tensor screen =
+      at::empty({pdcpu::greedy_head_screen_elements(n, k)}, w.options().dtype(at::kBFloat16));
+  Tensor norms = at::empty({(n + nb - 1) / nb * nb}, w.options());
+  const bool ok = pdcpu::pack_greedy_head(
+      w.data_ptr<float>(), n, k, w.stride(0),
+      reinterpret_cast<uint16_t*>(screen.data_ptr<at::BFloat16>()), norms.data_ptr<float>(),
+      at::get_num_threads());
+  TORCH_CHECK(ok, "pdserve_cpu.pack_greedy_head: a weight row's norm is not finite or too large");
+  return {screen, norms};
+}
+
+// The greedy token of every row of x (x @ W^T's argmax, as linear then argmax give it), -1 for a
+// row whose logits the caller must compute (greedy_head.cpp).
+Tensor greedy_head(const Tensor& x, const Tensor& screen, const Tensor& norms,
+                   const Tensor& packed, int64_t out_features,
+                   const std::optional<Tensor>& weight) {
+  const Linear l = linear_of(x, packed, out_features, std::nullopt, "greedy_head");
+  const int64_t nb = pdcpu::linear_panel_width(), panels = (out_features + nb - 1) / nb;
+  TORCH_CHECK(screen.is_contiguous() && screen.scalar_type() == at::kBFloat16 &&
+                  screen.numel() == pdcpu::greedy_head_screen_elements(out_features, x.size(1)) &&
+                  norms.is_contiguous() && norms.scalar_type() == at::kFloat &&
+                  norms.numel() == panels * nb,
+              "pdserve_cpu.greedy_head: screen and norms must come from pack_greedy_head of "
+              "this weight");
+  TORCH_CHECK(pdcpu::greedy_head_supported(),
+              "pdserve_cpu.greedy_head: needs an AVX-512 build on a CPU with AVX512-BF16");
+  const float* w = nullptr;
+  int64_t ldw = 0;
+  if (weight.has_value()) {
+    check_last_contiguous(*weight, "weight");
+    TORCH_CHECK(weight->dim() == 2 && weight->scalar_type() == at::kFloat &&
+                    weight->size(0) == out_features && weight->size(1) == x.size(1),
+                "pdserve_cpu.greedy_head: weight must be the float32 [out, in] weight packed");
+    w = weight->data_ptr<float>();
+    ldw = weight->stride(0);
+  }
+  Tensor tokens = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  const uint16_t* s = bf16_bits(screen);
+  if (l.bf16) {
+    pdcpu::greedy_head(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), s,
+                       norms.data_ptr<float>(), static_cast<const uint16_t*>(l.panels), w, ldw,
+                       out_features, tokens.data_ptr<int64_t>(), at::get_num_threads());
+  } else {
+    pdcpu::greedy_head(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), s,
+                       norms.data_ptr<float>(), static_cast<const float*>(l.panels), w, ldw,
+                       out_features, tokens.data_ptr<int64_t>(), at::get_num_threads());
+  }
+  return tokens;
+}
+
 std::string isa() {
 #if defined(__AVX512F__)
   return "avx512";
@@ -179,6 +240,12 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("linear_silu_mul(Tensor x, Tensor packed, int inter) -> Tensor", &linear_silu_mul);
   m.def("argmax(Tensor logits) -> Tensor", &argmax);
+  m.def("greedy_head_supported() -> bool", &greedy_head_supported);
+  m.def("pack_greedy_head(Tensor weight) -> (Tensor, Tensor)", &pack_greedy_head);
+  m.def(
+      "greedy_head(Tensor x, Tensor screen, Tensor norms, Tensor packed, int out_features, "
+      "Tensor? weight=None) -> Tensor",
+      &greedy_head);
   m.def("isa() -> str", &isa);
   m.def("pool_state() -> (float, bool)", &pool_state);
   m.def(
