@@ -125,6 +125,13 @@ def load_pdserve_fp32_panels(model: str, options: dict[str, Any]) -> Loaded:
     return load_pdserve(model, options)
 
 
+def load_pdserve_fp32_head(model: str, options: dict[str, Any]) -> Loaded:
+    """pdserve with greedy rows' tokens from the float32 logits (``PDSERVE_CPU_GREEDY_HEAD=0``),
+    not the bf16-screened lm_head: against ``pdserve``, what the greedy head gives."""
+    os.environ["PDSERVE_CPU_GREEDY_HEAD"] = "0"
+    return load_pdserve(model, options)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hugging Face transformers
 
@@ -295,6 +302,7 @@ LOADERS: dict[str, Callable[[str, dict[str, Any]], Loaded]] = {
     "pdserve": load_pdserve,
     "pdserve-torch": load_pdserve_torch,
     "pdserve-fp32-panels": load_pdserve_fp32_panels,
+    "pdserve-fp32-head": load_pdserve_fp32_head,
     "hf-static": load_hf_static,
     "hf-cb": load_hf_cb,
     "vllm": load_vllm,

@@ -14,6 +14,12 @@ weights of ``weight_bytes_per_element`` (2: a bf16 checkpoint run in fp32, whose
 engine can read as bf16 and still compute exactly in fp32): it
 ignores that real steps mix prefill chunks with decodes, and all overheads. The compute
 roofline (FLOPs / peak) ignores the memory traffic instead; decode steps are bound by it.
+
+``screened_head`` prices the decode steps' lm_head as pdserve's greedy head runs it on a CPU
+with AVX512-BF16 (engine/models/greedy_head.py): its bf16 screen read at 2 bytes a weight and
+its products at twice the float32 rate (a VDPBF16PS does two a lane), the exact float32 pass
+over a few candidates left out. The float32 engine's floor stays the reference; this one says
+how much of pdserve's distance to it is work the greedy head no longer does.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ def physical_floor(
     read_gbps: float,
     bytes_per_element: int = BYTES_PER_PARAM,
     weight_bytes_per_element: int | None = None,
+    screened_head: bool = False,
 ) -> Floor:
     weight_element = (
         bytes_per_element if weight_bytes_per_element is None else weight_bytes_per_element
@@ -74,7 +81,10 @@ def physical_floor(
         prefill_flops += linear_flops_per_token * n + head_flops_per_token
         prefill_flops += attn_flops_per_key * n * (n + 1) / 2
 
-    weight_bytes = weight_element * (shape.params_in_linear_layers + shape.lm_head_params)
+    head_element = 2 if screened_head else weight_element
+    weight_bytes = weight_element * shape.params_in_linear_layers
+    weight_bytes += head_element * shape.lm_head_params
+    decode_head_flops = head_flops_per_token / (2.0 if screened_head else 1.0)
     kv_per_pos = kv_bytes_per_position(shape, bytes_per_element)
     steps = max((r.max_tokens - 1 for r in requests), default=0)
     weights_s = kv_s = extra_s = 0.0
@@ -84,7 +94,7 @@ def physical_floor(
         keys = sum(len(r.prompt_token_ids) + s + 1 for r in running)
         t_weights = weight_bytes / bw
         t_kv = keys * kv_per_pos / bw
-        flops = (linear_flops_per_token + head_flops_per_token) * len(running)
+        flops = (linear_flops_per_token + decode_head_flops) * len(running)
         flops += attn_flops_per_key * keys
         weights_s += t_weights
         kv_s += t_kv

@@ -22,7 +22,9 @@ not hidden. ``pdserve-torch`` is pdserve without its compiled CPU kernels
 (``PDSERVE_CPU_KERNELS=0``: the torch attention backend and torch layers), the path a machine
 without a C++ compiler takes. ``pdserve-fp32-panels`` keeps every weight on float32 panels
 (``PDSERVE_BF16_EXACT_WEIGHTS=0``): with ``--checkpoint-dtype bfloat16``, against ``pdserve``,
-it shows what packing bf16-exact weights as bf16 gives.
+it shows what packing bf16-exact weights as bf16 gives. ``pdserve-fp32-head`` takes greedy
+tokens from the float32 logits (``PDSERVE_CPU_GREEDY_HEAD=0``): against ``pdserve``, what the
+bf16-screened greedy lm_head gives.
 """
 
 from __future__ import annotations
@@ -54,7 +56,15 @@ from benchmarks.workloads import (  # noqa: E402
     workload_to_json,
 )
 
-ENGINES = ("pdserve", "pdserve-torch", "pdserve-fp32-panels", "hf-static", "hf-cb", "vllm")
+ENGINES = (
+    "pdserve",
+    "pdserve-torch",
+    "pdserve-fp32-panels",
+    "pdserve-fp32-head",
+    "hf-static",
+    "hf-cb",
+    "vllm",
+)
 RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
 ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
 GPU_ROOFLINE = REPO_ROOT / "benchmarks" / "gpu_roofline.py"
@@ -175,6 +185,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "pdserve": pdserve,
         "pdserve-torch": pdserve,
         "pdserve-fp32-panels": pdserve,
+        "pdserve-fp32-head": pdserve,
         "hf-static": {
             "batch_size": args.hf_batch_size,
             "device": args.hf_device,
@@ -350,12 +361,16 @@ def main(argv: list[str] | None = None) -> None:
 
     gemm_gflops = max((g["best_layer_gflops"] for g in gemm), default=None)
     read_gbps = max((g["read_gbps"] for g in gemm), default=None)
-    floor = None
+    floor = screened = None
     if gemm_gflops is not None and read_gbps is not None:
         element = BYTES_PER_ELEMENT[args.pdserve_dtype] if args.gpu_roofline else 4
         # A bf16 checkpoint's weights need only 2 bytes each to be read exactly.
         weight_element = min(element, BYTES_PER_ELEMENT[args.checkpoint_dtype])
         floor = physical_floor(requests, shape, gemm_gflops, read_gbps, element, weight_element)
+        if not args.gpu_roofline:
+            screened = physical_floor(
+                requests, shape, gemm_gflops, read_gbps, element, weight_element, True
+            )
     summary = summarize(results, flops, gemm_gflops, floor)
     agreement: dict[str, dict[str, Any]] = {}
     if "pdserve" in results:
@@ -372,6 +387,13 @@ def main(argv: list[str] | None = None) -> None:
         hf_self = None
 
     print_report(args, totals, flops, gemm, gemm_gflops, floor, results, summary, agreement)
+    if screened is not None and "pdserve" in summary:
+        wall = summary["pdserve"]["median_wall_s"]
+        print(
+            f"floor with the lm_head as pdserve's greedy head reads it (bf16 screen, 2 bytes a "
+            f"weight, products at twice the fp32 rate): {screened.total_s:.1f} s; pdserve "
+            f"{screened.total_s / wall:.1%} of it (the fp32 floor above: the table's column)"
+        )
     if hf_self is not None:
         print(f"hf-static vs hf-cb: {hf_self['num_exact']}/{hf_self['num_requests']} exact")
 
@@ -385,6 +407,9 @@ def main(argv: list[str] | None = None) -> None:
             "gemm_gflops_roofline": gemm_gflops,
             "read_gbps": read_gbps,
             "floor": None if floor is None else {**asdict(floor), "total_s": floor.total_s},
+            "floor_screened_head": None
+            if screened is None
+            else {**asdict(screened), "total_s": screened.total_s},
             "summary": summary,
             "agreement_vs_pdserve": agreement,
             "agreement_hf_static_vs_hf_cb": hf_self,

@@ -7,7 +7,8 @@ timing every engine step and, inside it, the pieces, with ``perf_counter`` wrapp
 engine's objects at run time (no engine code changes; about a microsecond per wrapped call):
 
     step = schedule + execute + update/outputs
-    execute = prepare inputs + forward + lm_head + sampling
+    execute = prepare inputs + forward + lm_head + sampling (lm_head: the greedy head's call
+              for greedy rows where it runs, engine/models/greedy_head.py)
     forward = GEMMs in the decoder layers (every nn.Linear or PackedLinear but lm_head) +
               attention (backend.forward: KV store, then the cpu backend's paged attention or
               the torch backend's gather + SDPA) + the rest (embedding, norms, rope,
@@ -104,6 +105,8 @@ def instrument(llm: Any, timers: Timers, phases: Any = None) -> list[dict[str, f
     timers.wrap(runner, "_prepare_inputs", "prepare_inputs")
     timers.wrap(runner.backend, "prepare", "prepare_inputs")
     timers.wrap(runner.backend, "forward", "attention")
+    if hasattr(model.lm_head, "greedy"):  # the greedy head: greedy rows' lm_head and argmax
+        timers.wrap(model.lm_head, "greedy", "lm_head")
     timers.wrap(runner.sampler, "sample", "sampling")
     timers.wrap(model, "forward", "forward")
 

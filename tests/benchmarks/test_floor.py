@@ -58,3 +58,21 @@ def test_a_bf16_checkpoint_in_fp32_halves_only_the_weights() -> None:
     assert ckpt.decode_weights_s == pytest.approx(fp32.decode_weights_s / 2)
     assert ckpt.decode_kv_s == fp32.decode_kv_s and ckpt.prefill_s == fp32.prefill_s
     assert (ckpt.bytes_per_element, ckpt.weight_bytes_per_element) == (4, 2)
+
+
+def test_the_screened_head_floor_halves_only_the_lm_head() -> None:
+    """pdserve's greedy head reads the lm_head as its bf16 screen: in decode steps its weights
+    count 2 bytes each and its products half the float32 time; the decoder's weights, the K/V
+    and the prefill are the float32 floor's."""
+    shape = model_shape("smollm2-135m")
+    reqs = [BenchRequest([5] * 40, 9), BenchRequest([5] * 12, 4)]
+    fp32 = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=30.0)
+    head = physical_floor(reqs, shape, gemm_gflops=1e6, read_gbps=30.0, screened_head=True)
+    saved = fp32.decode_steps * 2 * shape.lm_head_params / 30e9
+    assert head.decode_weights_s == pytest.approx(fp32.decode_weights_s - saved)
+    assert head.decode_kv_s == fp32.decode_kv_s and head.prefill_s == fp32.prefill_s
+    compute = physical_floor(reqs, shape, gemm_gflops=1.0, read_gbps=1e6)
+    compute_head = physical_floor(reqs, shape, gemm_gflops=1.0, read_gbps=1e6, screened_head=True)
+    running = 8 + 3  # request-steps: 8 decodes of the first, 3 of the second
+    head_s = running * shape.lm_head_params / 1e9  # half of 2 FLOPs a parameter, at 1 GFLOP/s
+    assert compute.decode_s - compute_head.decode_s == pytest.approx(head_s, rel=1e-3)
