@@ -37,14 +37,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+from benchmarks import throughput_report as report  # noqa: E402
 from benchmarks.floor import physical_floor  # noqa: E402
-from benchmarks.throughput_report import compare_outputs, print_report, summarize  # noqa: E402
+from benchmarks.machine_load import loadavg, wait_for_quiet  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     SHAPES,
     add_checkpoint_dtype,
@@ -56,15 +56,8 @@ from benchmarks.workloads import (  # noqa: E402
     workload_to_json,
 )
 
-ENGINES = (
-    "pdserve",
-    "pdserve-torch",
-    "pdserve-fp32-panels",
-    "pdserve-fp32-head",
-    "hf-static",
-    "hf-cb",
-    "vllm",
-)
+ENGINES: tuple[str, ...] = ("pdserve", "pdserve-torch", "pdserve-fp32-panels")
+ENGINES += ("pdserve-fp32-head", "hf-static", "hf-cb", "vllm")
 RUNNER = REPO_ROOT / "benchmarks" / "engine_runners.py"
 ROOFLINE = REPO_ROOT / "benchmarks" / "roofline.py"
 GPU_ROOFLINE = REPO_ROOT / "benchmarks" / "gpu_roofline.py"
@@ -206,41 +199,6 @@ def engine_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     }
 
 
-def _busy_share(window_s: float) -> float:
-    """Busy share of all cores over the next ``window_s`` seconds (this process is idle)."""
-
-    def jiffies() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields) - fields[3] - fields[4], sum(fields)
-
-    busy0, total0 = jiffies()
-    time.sleep(window_s)
-    busy1, total1 = jiffies()
-    return (busy1 - busy0) / max(1, total1 - total0)
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float) -> dict[str, float]:
-    """Wait (at most ``max_wait_s``) until other jobs use under ``threshold`` of the cores
-    over a 5 s window. Returns how long it waited and the last window's busy share."""
-    start = time.perf_counter()
-    busy = _busy_share(1.0)
-    while busy >= threshold and time.perf_counter() - start < max_wait_s:
-        busy = _busy_share(5.0)
-    waited = time.perf_counter() - start
-    if busy >= threshold:
-        print(
-            f"machine still {busy:.0%} busy after waiting {waited:.0f} s; going ahead",
-            file=sys.stderr,
-            flush=True,
-        )
-    return {"waited_s": waited, "busy_share_before": busy}
-
-
-def _loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def run_subprocess(cmd: list[str], env: dict[str, str], timeout: float) -> None:
     """Run ``cmd`` in its own process group; afterwards end whatever of that group is left
     (vLLM's engine-core and worker processes must not keep computing during the next engine)."""
@@ -271,7 +229,7 @@ def measure_roofline(args: argparse.Namespace, tmp: Path, tag: str) -> dict[str,
         probe = [str(ROOFLINE)]
     run_subprocess([sys.executable, *probe, "--out", str(out)], env, 600)
     result: dict[str, Any] = json.loads(out.read_text())
-    result["loadavg"] = _loadavg()
+    result["loadavg"] = loadavg()
     return result
 
 
@@ -287,7 +245,7 @@ def run_engine(engine: str, args: argparse.Namespace, spec_path: Path, tmp: Path
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     quiet = wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet else None
-    loadavg_before = _loadavg()
+    loadavg_before = loadavg()
     t0 = time.perf_counter()
     run_subprocess(
         [python, str(RUNNER), "--engine", engine, "--spec", str(spec_path), "--out", str(out)],
@@ -298,7 +256,7 @@ def run_engine(engine: str, args: argparse.Namespace, spec_path: Path, tmp: Path
     result["process_wall_s"] = time.perf_counter() - t0
     result["loadavg_before"] = loadavg_before
     result["wait_quiet"] = quiet
-    result["loadavg_after"] = _loadavg()
+    result["loadavg_after"] = loadavg()
     return result
 
 
@@ -366,34 +324,26 @@ def main(argv: list[str] | None = None) -> None:
         element = BYTES_PER_ELEMENT[args.pdserve_dtype] if args.gpu_roofline else 4
         # A bf16 checkpoint's weights need only 2 bytes each to be read exactly.
         weight_element = min(element, BYTES_PER_ELEMENT[args.checkpoint_dtype])
-        floor = physical_floor(requests, shape, gemm_gflops, read_gbps, element, weight_element)
-        if not args.gpu_roofline:
-            screened = physical_floor(
-                requests, shape, gemm_gflops, read_gbps, element, weight_element, True
-            )
-    summary = summarize(results, flops, gemm_gflops, floor)
+        probes = (requests, shape, gemm_gflops, read_gbps, element, weight_element)
+        floor = physical_floor(*probes)
+        screened = None if args.gpu_roofline else physical_floor(*probes, screened_head=True)
+    summary = report.summarize(results, flops, gemm_gflops, floor)
     agreement: dict[str, dict[str, Any]] = {}
     if "pdserve" in results:
         ref = results["pdserve"]["output_token_ids"]
         for engine, r in results.items():
             if engine != "pdserve":
-                agreement[engine] = compare_outputs(ref, r["output_token_ids"])
+                agreement[engine] = report.compare_outputs(ref, r["output_token_ids"])
     # HF's two modes against each other: how much the oracle disagrees with itself.
     if "hf-static" in results and "hf-cb" in results:
-        hf_self = compare_outputs(
+        hf_self = report.compare_outputs(
             results["hf-static"]["output_token_ids"], results["hf-cb"]["output_token_ids"]
         )
     else:
         hf_self = None
 
-    print_report(args, totals, flops, gemm, gemm_gflops, floor, results, summary, agreement)
-    if screened is not None and "pdserve" in summary:
-        wall = summary["pdserve"]["median_wall_s"]
-        print(
-            f"floor with the lm_head as pdserve's greedy head reads it (bf16 screen, 2 bytes a "
-            f"weight, products at twice the fp32 rate): {screened.total_s:.1f} s; pdserve "
-            f"{screened.total_s / wall:.1%} of it (the fp32 floor above: the table's column)"
-        )
+    report.print_report(args, totals, flops, gemm, gemm_gflops, floor, results, summary, agreement)
+    report.print_screened_floor(screened, summary)
     if hf_self is not None:
         print(f"hf-static vs hf-cb: {hf_self['num_exact']}/{hf_self['num_requests']} exact")
 
@@ -401,15 +351,13 @@ def main(argv: list[str] | None = None) -> None:
         raw = {
             "argv": sys.argv,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": {"nproc": os.cpu_count(), "loadavg_end": _loadavg()},
+            "machine": {"nproc": os.cpu_count(), "loadavg_end": loadavg()},
             "workload": {"totals": totals, "flops": flops, "requests": spec["requests"]},
             "gemm": gemm,
             "gemm_gflops_roofline": gemm_gflops,
             "read_gbps": read_gbps,
-            "floor": None if floor is None else {**asdict(floor), "total_s": floor.total_s},
-            "floor_screened_head": None
-            if screened is None
-            else {**asdict(screened), "total_s": screened.total_s},
+            "floor": report.floor_json(floor),
+            "floor_screened_head": report.floor_json(screened),
             "summary": summary,
             "agreement_vs_pdserve": agreement,
             "agreement_hf_static_vs_hf_cb": hf_self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from dataclasses import asdict
 from typing import Any
 
 from benchmarks.floor import Floor
@@ -125,7 +126,7 @@ def print_report(
         )
     print()
     header = (
-        f"{'engine':<13} {'load s':>7} {'wall s (median; min-max)':>26} {'out tok/s':>10} "
+        f"{'engine':<17} {'load s':>7} {'wall s (median; min-max)':>26} {'out tok/s':>10} "
         f"{'pdserve x':>9} {'roofline':>9} {'floor':>7} {'others':>7} {'= pdserve':>10}"
     )
     print(header)
@@ -139,7 +140,7 @@ def print_report(
         roof = f"{s['roofline_fraction']:.1%}" if s["roofline_fraction"] else "-"
         fl = f"{s['floor_fraction']:.1%}" if s["floor_fraction"] else "-"
         print(
-            f"{engine:<13} {r['load_s']:>7.1f} {span:>26} {s['output_tok_per_s']:>10.1f} "
+            f"{engine:<17} {r['load_s']:>7.1f} {span:>26} {s['output_tok_per_s']:>10.1f} "
             f"{speedup:>9} {roof:>9} {fl:>7} {s['median_others_cpu_share']:>7.0%} {match_s:>10}"
         )
     print()
@@ -155,3 +156,20 @@ def print_report(
                 f"first differing output positions {sorted(m['first_diff_positions'])}; "
                 f"{m['token_prefix_agreement']:.1%} of output tokens precede a divergence"
             )
+
+
+def print_screened_floor(screened: Floor | None, summary: dict[str, Any]) -> None:
+    """The floor with the lm_head priced as pdserve's greedy head reads it, and pdserve's
+    fraction of it (the table's floor column stays the float32 engine's)."""
+    if screened is None or "pdserve" not in summary:
+        return
+    wall = summary["pdserve"]["median_wall_s"]
+    print(
+        f"floor with the lm_head as pdserve's greedy head reads it (bf16 screen, 2 bytes a "
+        f"weight, products at twice the fp32 rate): {screened.total_s:.1f} s; pdserve "
+        f"{screened.total_s / wall:.1%} of it (the fp32 floor above: the table's column)"
+    )
+
+
+def floor_json(floor: Floor | None) -> dict[str, Any] | None:
+    return None if floor is None else {**asdict(floor), "total_s": floor.total_s}
