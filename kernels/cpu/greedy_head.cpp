@@ -223,7 +223,10 @@ bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_
       for (int c = 0; c < SW; ++c) {
         const int64_t v = p * SW + c;
         double sq = 0;
-        for (int64_t i = 0; v < n && i < k; ++i) sq += static_cast<double>(w[v * ldw + i]) * w[v * ldw + i];
+        for (int64_t i = 0; v < n && i < k; ++i) {
+          const double x = w[v * ldw + i];
+          sq += x * x;
+        }
         const double norm = std::sqrt(sq);
         if (!(norm <= kMaxNorm)) ok[static_cast<size_t>(p)] = 0;  // also NaN, inf
         norms[v] = v < n && norm <= kMaxNorm ? float_up(norm) : 0.0f;
@@ -276,9 +279,12 @@ void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16
   const ScreenArgs a{xb.data(), m,           k2,        screen,     norms,      n,
                      panels,    e.data(),    tiny.data(), hi.data(), cols.data()};
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
-  std::vector<float> lo(static_cast<size_t>(nt * m * 16));
-  parallel(nt, [&](int t, int) {
-    screen_panels(a, panels * t / nt, panels * (t + 1) / nt, lo.data() + t * m * 16);
+  // Each thread's running max of s - E a row, lane by lane (-inf where a thread ran nothing: a
+  // call nested in another region runs on its caller alone, n = 1).
+  std::vector<float> lo(static_cast<size_t>(nt * m * 16),
+                        -std::numeric_limits<float>::infinity());
+  parallel(nt, [&](int t, int n_run) {
+    screen_panels(a, panels * t / n_run, panels * (t + 1) / n_run, lo.data() + t * m * 16);
   });
   // Each row's threshold, then its candidates again in float32, on the row alone: from W's rows
   // where the caller has them, else from its panels, 32 columns at a time.
