@@ -134,20 +134,15 @@ class ModelRunner:
         )
         if not plain:
             return self.sampler.sample(self.model.compute_logits(hidden), rows)
-        out: list[SampledToken | None] = [None] * len(rows)
-        if len(plain) == len(rows):
-            picked = self.model.greedy_tokens(hidden)
-        else:
-            picked = self.model.greedy_tokens(hidden.index_select(0, self._index(plain)))
-        for i, t in zip(plain, picked.tolist(), strict=True):
-            out[i] = SampledToken(t)
-        rest = [i for i, o in enumerate(out) if o is None]
+        rest = sorted(set(range(len(rows))) - set(plain))
+        mine = hidden if not rest else hidden.index_select(0, self._index(plain))
+        picked = self.model.greedy_tokens(mine).tolist()
+        out = {i: SampledToken(t) for i, t in zip(plain, picked, strict=True)}
         if rest:
             logits = self.model.compute_logits(hidden.index_select(0, self._index(rest)))
             sampled = self.sampler.sample(logits, [rows[i] for i in rest])
-            for i, token in zip(rest, sampled, strict=True):
-                out[i] = token
-        return [t for t in out if t is not None]
+            out.update(zip(rest, sampled, strict=True))
+        return [out[i] for i in range(len(rows))]
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)

@@ -182,8 +182,9 @@ class LlamaForCausalLM(nn.Module):
             packed = pack_into(view, linear.weight, kernels)
             module: nn.Module
             if name == "lm_head":
+                # A tied head's rows stay in the embedding table: the exact pass reads them.
                 tied = linear.weight is self.embed_tokens.weight
-                rows = self.embed_tokens.weight if tied else None
+                rows = linear.weight if tied else None
                 module = GreedyLmHead.maybe(linear, kernels, packed, rows)
             elif attr == "gate_up_proj" and linear.bias is None:
                 module = PackedGateUpSiLU(linear, kernels, packed)

@@ -52,6 +52,20 @@ inline uint16_t bf16_rne(float f) {
   return static_cast<uint16_t>(b >> 16);
 }
 
+// Elements 2 kk and 2 kk + 1 of v (k long) as a bf16 pair, the first in the low half (what
+// VDPBF16PS multiplies together); past the end, zero.
+inline uint32_t bf16_pair(const float* v, int64_t k, int64_t kk) {
+  const uint32_t hi = 2 * kk + 1 < k ? bf16_rne(v[2 * kk + 1]) : 0;
+  return bf16_rne(v[2 * kk]) | hi << 16;
+}
+
+// |v|_2 of k floats, summed in double.
+inline double norm2(const float* v, int64_t k) {
+  double sq = 0;
+  for (int64_t i = 0; i < k; ++i) sq += static_cast<double>(v[i]) * v[i];
+  return std::sqrt(sq);
+}
+
 // A float at least d (d >= 0 and representable in range).
 inline float float_up(double d) {
   float f = static_cast<float>(d);
@@ -222,22 +236,13 @@ bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_
       uint16_t* dst = screen + p * k2 * SW * 2;
       for (int c = 0; c < SW; ++c) {
         const int64_t v = p * SW + c;
-        double sq = 0;
-        for (int64_t i = 0; v < n && i < k; ++i) {
-          const double x = w[v * ldw + i];
-          sq += x * x;
-        }
-        const double norm = std::sqrt(sq);
-        if (!(norm <= kMaxNorm)) ok[static_cast<size_t>(p)] = 0;  // also NaN, inf
-        norms[v] = v < n && norm <= kMaxNorm ? float_up(norm) : 0.0f;
+        const double norm = v < n ? norm2(w + v * ldw, k) : 0.0;
+        const bool fits = norm <= kMaxNorm;  // false for NaN and inf too
+        if (!fits) ok[static_cast<size_t>(p)] = 0;
+        norms[v] = v < n && fits ? float_up(norm) : 0.0f;
         for (int64_t kk = 0; kk < k2; ++kk) {
-          uint16_t lo = 0, hi = 0;
-          if (v < n && norm <= kMaxNorm) {
-            lo = bf16_rne(w[v * ldw + 2 * kk]);
-            if (2 * kk + 1 < k) hi = bf16_rne(w[v * ldw + 2 * kk + 1]);
-          }
-          dst[(kk * SW + c) * 2] = lo;
-          dst[(kk * SW + c) * 2 + 1] = hi;
+          const uint32_t pair = v < n && fits ? bf16_pair(w + v * ldw, k, kk) : 0;
+          std::memcpy(dst + (kk * SW + c) * 2, &pair, sizeof pair);
         }
       }
     }
@@ -256,22 +261,15 @@ void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16
   const double c = bound_c(k);
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ldx;
-    double sq = 0;
-    bool finite = true;
-    for (int64_t i = 0; i < k; ++i) {
-      finite = finite && std::isfinite(xr[i]);
-      sq += static_cast<double>(xr[i]) * xr[i];
-    }
-    const double norm = std::sqrt(sq);
-    tokens[r] = finite && norm <= kMaxNorm ? 0 : -1;
-    for (int64_t kk = 0; kk < k2; ++kk) {
-      const float a = tokens[r] < 0 ? 0.0f : xr[2 * kk];
-      const float b = tokens[r] < 0 || 2 * kk + 1 >= k ? 0.0f : xr[2 * kk + 1];
-      xb[r * k2 + kk] = bf16_rne(a) | static_cast<uint32_t>(bf16_rne(b)) << 16;
-    }
+    const bool finite = std::all_of(xr, xr + k, [](float v) { return std::isfinite(v); });
+    const double norm = finite ? norm2(xr, k) : 0.0;
+    const bool ok = finite && norm <= kMaxNorm;
+    tokens[r] = ok ? 0 : -1;  // -1: screened as zeros, answered by the caller
+    const double used = ok ? norm : 0.0;
+    for (int64_t kk = 0; kk < k2; ++kk) xb[r * k2 + kk] = ok ? bf16_pair(xr, k, kk) : 0;
     double tiny_x = 0, tiny_w = 0;
-    bound_tiny(k, tokens[r] < 0 ? 0 : norm, &tiny_x, &tiny_w);
-    e[r] = float_up((c * (tokens[r] < 0 ? 0 : norm) + tiny_w) * (1 + 0x1p-20));
+    bound_tiny(k, used, &tiny_x, &tiny_w);
+    e[r] = float_up((c * used + tiny_w) * (1 + 0x1p-20));
     tiny[r] = float_up(tiny_x);
   }
   std::vector<float> hi(static_cast<size_t>(m * panels));

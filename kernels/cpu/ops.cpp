@@ -186,14 +186,15 @@ Tensor greedy_head(const Tensor& x, const Tensor& screen, const Tensor& norms,
   }
   Tensor tokens = at::empty({x.size(0)}, x.options().dtype(at::kLong));
   const uint16_t* s = bf16_bits(screen);
+  auto run = [&](const auto* panels) {
+    pdcpu::greedy_head(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), s,
+                       norms.data_ptr<float>(), panels, w, ldw, out_features,
+                       tokens.data_ptr<int64_t>(), at::get_num_threads());
+  };
   if (l.bf16) {
-    pdcpu::greedy_head(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), s,
-                       norms.data_ptr<float>(), static_cast<const uint16_t*>(l.panels), w, ldw,
-                       out_features, tokens.data_ptr<int64_t>(), at::get_num_threads());
+    run(static_cast<const uint16_t*>(l.panels));
   } else {
-    pdcpu::greedy_head(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), s,
-                       norms.data_ptr<float>(), static_cast<const float*>(l.panels), w, ldw,
-                       out_features, tokens.data_ptr<int64_t>(), at::get_num_threads());
+    run(static_cast<const float*>(l.panels));
   }
   return tokens;
 }
