@@ -31,6 +31,7 @@ from router.openai_tools import (
     NamedToolChoice,
     ToolCallStream,
     ToolChoice,
+    forced_names,
     template_tools,
     tool_grammar,
     tool_mode,
@@ -49,6 +50,7 @@ class Chat:
     options: ChatTemplateOptions
     tools: list[dict[str, Any]] | None  # as the template takes them; None: no tools
     grammar: StructuredOutput | None  # forced calls ("required" or a named function)
+    forced: tuple[str, ...] = ()  # the tool names the grammar allows
 
     @property
     def parses_tools(self) -> bool:
@@ -102,6 +104,7 @@ def chat_from_proto(chat: pb.ChatPrompt) -> Chat:
         options=ChatTemplateOptions(add_prompt, chat.continue_final_message, kwargs),
         tools=template_tools(tools) if mode != "none" else None,
         grammar=grammar,
+        forced=forced_names(tools, choice),
     )
 
 
@@ -206,12 +209,13 @@ class ToolCallsOut:
     as their blocks close, and reports finish reason "tool_calls" for a sequence that made
     calls (ToolCallStream, as HTTP streams them)."""
 
+    forced: tuple[str, ...] = ()  # Chat.forced: a forced call cut short is still a call
     streams: dict[int, ToolCallStream] = field(default_factory=dict)
     called: set[int] = field(default_factory=set)
 
     def apply(self, index: int, out: RequestOutput, text: str, msg: pb.GenerateResponse) -> None:
         """``text``: the message's new text (the whole text for a whole sequence)."""
-        stream = self.streams.setdefault(index, ToolCallStream())
+        stream = self.streams.setdefault(index, ToolCallStream(self.forced))
         content, calls = stream.feed(text, out.finished)
         msg.text = content
         for c in calls:

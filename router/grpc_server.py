@@ -175,7 +175,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             await _abort(context, e)
             return
         sequences = expand([greq], runs)
-        tool_calls = ToolCallsOut() if chat is not None and chat.parses_tools else None
+        tool_calls = ToolCallsOut(chat.forced) if chat is not None and chat.parses_tools else None
         with slot:
             deadline = router.deadline(context.time_remaining())
             try:

@@ -153,9 +153,13 @@ class ChatFormatter(_Formatter):
         token_strings: TokenStrings,
         n: int = 1,
         parse_tools: bool = False,
+        forced: Sequence[str] = (),
     ) -> None:
+        """``forced``: the tool names a grammar forces (``forced_names``), so a call cut
+        short still comes back as a call."""
         super().__init__(request_id, model, token_strings, n)
         self._parse_tools = parse_tools
+        self._forced = tuple(forced)
         self._sent_role: set[int] = set()
         self._tools: dict[int, ToolCallStream] = {}
         self._num_calls: dict[int, int] = {}
@@ -184,7 +188,7 @@ class ChatFormatter(_Formatter):
             self._sent_role.add(index)
         text, calls = out.new_text, list[ParsedCall]()
         if self._parse_tools:
-            stream = self._tools.setdefault(index, ToolCallStream())
+            stream = self._tools.setdefault(index, ToolCallStream(self._forced))
             text, calls = stream.feed(out.new_text, out.finished)
         if text:
             delta["content"] = text
@@ -212,7 +216,7 @@ class ChatFormatter(_Formatter):
             content: str | None = out.text
             calls: list[ParsedCall] = []
             if self._parse_tools:
-                content, calls = parse_tool_calls(out.text)
+                content, calls = parse_tool_calls(out.text, self._forced)
             message: dict[str, Any] = {"role": "assistant", "content": content or None}
             if calls:
                 message["tool_calls"] = [c.as_message() for c in calls]

@@ -161,7 +161,9 @@ def build_app(router: Router, sse_keepalive_s: float = 0.0) -> FastAPI:
             router.metrics.rejected(e)
             return error_response(e)
         name = body.model or router.model_name
-        fmt = ChatFormatter(base, name, backend.token_strings, body.n, tool_mode != "none")
+        fmt = ChatFormatter(
+            base, name, backend.token_strings, body.n, tool_mode != "none", body.forced_tools()
+        )
         return await _respond(request, router, prepared, body, fmt, slot, sse_keepalive_s)
 
     add_tokenize_routes(app, router)

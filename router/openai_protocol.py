@@ -19,6 +19,7 @@ from router.openai_tools import (
     ChatTool,
     ToolCall,
     ToolChoice,
+    forced_names,
     template_tools,
     tool_grammar,
     tool_mode,
@@ -316,6 +317,10 @@ class ChatCompletionRequest(_Common, ChatTemplateFields):
     def tool_mode(self) -> Literal["none", "auto", "forced"]:
         """How tools are used: not at all, parsed from free output, or forced by a grammar."""
         return tool_mode(self.tools, self.tool_choice)
+
+    def forced_tools(self) -> tuple[str, ...]:
+        """The tool names a forcing grammar allows (none unless calls are forced)."""
+        return forced_names(self.tools, self.tool_choice)
 
     def sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens

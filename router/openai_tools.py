@@ -10,6 +10,10 @@ The tool-call format is the Hermes/Qwen2.5 one that their chat templates teach t
 that allows only such blocks, each body valid against its tool's ``parameters`` schema;
 "auto" parses whatever blocks the model wrote; "none" parses nothing. Streaming holds back
 text that may open a block and emits each call as one delta once its block closes.
+
+A forced call that ``max_tokens`` cuts still comes back as a call, not as text: its name and
+its arguments' JSON as far as the model got, with finish reason "length" (as OpenAI and vLLM
+return a cut call). A cut block under "auto" stays text: nothing forced the model to call.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +31,10 @@ from engine.structured.spec import JSON_OPTIONS, StructuredOutput
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+# The start of a forced call's body as the grammar writes it (compact JSON, name first).
+_CUT = re.compile(
+    r'\{"name":"(?P<name>[^"\\]*)(?P<closed>")?(?:,"arguments":(?P<arguments>.*))?', re.DOTALL
+)
 
 
 class _Strict(BaseModel):
@@ -98,6 +107,17 @@ def tool_mode(
     return "forced"
 
 
+def forced_names(tools: list[ChatTool] | None, choice: ToolChoice | None) -> tuple[str, ...]:
+    """The names a forcing grammar allows: the named function's, every tool's for
+    "required"; none where calls are not forced."""
+    if tool_mode(tools, choice) != "forced":
+        return ()
+    assert tools is not None
+    if isinstance(choice, NamedToolChoice):
+        return (choice.function.name,)
+    return tuple(t.function.name for t in tools)
+
+
 def tool_grammar(
     tools: list[ChatTool], choice: ToolChoice, parallel: bool = True
 ) -> StructuredOutput:
@@ -160,9 +180,31 @@ def _parse_block(body: str) -> ParsedCall | None:
     return ParsedCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], json.dumps(args))
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ParsedCall]]:
+def _cut_call(body: str, forced: Sequence[str]) -> ParsedCall | None:
+    """The call a forced block cut short began (``body``: the text after ``<tool_call>``):
+    its name, completed from ``forced`` where the cut fell inside it, and its arguments' JSON
+    text as far as it got. None where the name is not yet told apart."""
+    body = body.lstrip()
+    body = body[: len(body) - _partial(body, CLOSE)].rstrip()
+    whole = _parse_block(body)  # only the close tag was cut
+    if whole is not None:
+        return whole
+    m = _CUT.match(body)
+    prefix = m.group("name") if m else ""
+    if m and m.group("closed"):
+        names = [prefix] if prefix in forced else []
+    else:
+        names = [n for n in forced if n.startswith(prefix)]
+    if len(names) != 1:
+        return None
+    arguments = (m.group("arguments") if m else None) or ""
+    return ParsedCall(f"call_{uuid.uuid4().hex[:24]}", names[0], arguments)
+
+
+def parse_tool_calls(text: str, forced: Sequence[str] = ()) -> tuple[str, list[ParsedCall]]:
     """Split finished output into its content (outside the blocks) and its tool calls. A
-    block that does not parse stays in the content."""
+    block that does not parse stays in the content. ``forced``: the names a grammar forced
+    (``forced_names``); then a last block cut short is a call, and never content."""
     calls: list[ParsedCall] = []
     content: list[str] = []
     pos = 0
@@ -173,15 +215,25 @@ def parse_tool_calls(text: str) -> tuple[str, list[ParsedCall]]:
         content.append(text[pos : m.start()])
         calls.append(call)
         pos = m.end()
-    content.append(text[pos:])
+    rest = text[pos:]
+    if forced:
+        start = rest.find(OPEN)
+        if start < 0:  # the cut may fall inside the open tag itself
+            start = len(rest) - _partial(rest, OPEN)
+        if start < len(rest):
+            cut = _cut_call(rest[start:].removeprefix(OPEN), forced)
+            calls += [cut] if cut is not None else []
+        return ("".join(content) + rest[:start]).strip(), calls
+    content.append(rest)
     return "".join(content).strip() if calls else text, calls
 
 
 class ToolCallStream:
     """Incremental ``parse_tool_calls``: feed text deltas, get content deltas and calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, forced: Sequence[str] = ()) -> None:
         self._buffer = ""  # held back: inside a block, or a possible start of one
+        self._forced = tuple(forced)
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[ParsedCall]]:
         self._buffer += text
@@ -190,17 +242,26 @@ class ToolCallStream:
         while True:
             start = self._buffer.find(OPEN)
             if start < 0:
-                keep = 0 if finished else _partial_open(self._buffer)
+                keep = _partial(self._buffer, OPEN)
+                if finished and not self._forced:
+                    keep = 0
+                elif finished and keep:  # a forced call cut inside its open tag
+                    call = _cut_call("", self._forced)
+                    calls += [call] if call is not None else []
                 cut = len(self._buffer) - keep
                 content.append(self._buffer[:cut])
-                self._buffer = self._buffer[cut:]
+                self._buffer = "" if finished else self._buffer[cut:]
                 break
             end = self._buffer.find(CLOSE, start)
             if end < 0:
                 content.append(self._buffer[:start])
                 self._buffer = self._buffer[start:]
-                if finished:  # an unterminated block is plain text
+                if finished and self._forced:  # a forced call cut short is still a call
+                    call = _cut_call(self._buffer[len(OPEN) :], self._forced)
+                    calls += [call] if call is not None else []
+                elif finished:  # an unterminated block is plain text
                     content.append(self._buffer)
+                if finished:
                     self._buffer = ""
                 break
             call = _parse_block(self._buffer[start + len(OPEN) : end].strip())
@@ -216,9 +277,9 @@ class ToolCallStream:
         return text_out, calls
 
 
-def _partial_open(s: str) -> int:
-    """Length of the longest suffix of ``s`` that is a proper prefix of ``<tool_call>``."""
-    for n in range(min(len(OPEN) - 1, len(s)), 0, -1):
-        if OPEN.startswith(s[-n:]):
+def _partial(s: str, tag: str) -> int:
+    """Length of the longest suffix of ``s`` that is a proper prefix of ``tag``."""
+    for n in range(min(len(tag) - 1, len(s)), 0, -1):
+        if tag.startswith(s[-n:]):
             return n
     return 0

@@ -201,6 +201,53 @@ def test_auto_parses_what_the_model_writes(
     server.wait_pool_free()
 
 
+def test_a_forced_call_cut_by_max_tokens_is_a_call_everywhere(
+    server: Server, stub: pb_grpc.GenerationServiceStub
+) -> None:
+    """A named tool_choice cut short by max_tokens comes back as that tool's call with the
+    arguments as far as they got and finish reason "length", over HTTP (whole and streamed)
+    and gRPC alike, never as the grammar's text; a longer budget only extends the arguments."""
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    before = ""
+    with server.http(timeout=60) as http:
+        for max_tokens in (1, 5, 20, 38, 48):
+            body = {"model": "tiny", "messages": ASK, "tools": [WEATHER, TIME],
+                    "tool_choice": named, "max_tokens": max_tokens, "temperature": 1.0,
+                    "seed": 1}  # fmt: skip
+            r = http.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+            [call] = choice["message"]["tool_calls"]
+            assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+            arguments = call["function"]["arguments"]
+            assert arguments.startswith(before)
+            before = arguments
+            streamed, finish = [], None
+            with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])["choices"][0]
+                        assert not chunk["delta"].get("content")
+                        streamed += chunk["delta"].get("tool_calls", [])
+                        finish = chunk["finish_reason"] or finish
+            assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed] == [
+                ("get_weather", arguments)
+            ]
+            assert finish == "length"
+            chat = chat_prompt(ASK, tool_choice_function="get_weather")
+            chat.tools.extend([tool_proto(WEATHER), tool_proto(TIME)])
+            sp = pb.SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1)
+            request = pb.GenerateRequest(chat=chat, sampling_params=sp)
+            msgs = list(stub.Generate(request, timeout=60))
+            assert [(c.name, c.arguments) for m in msgs for c in m.tool_calls] == [
+                ("get_weather", arguments)
+            ]
+            assert "".join(m.text for m in msgs) == "" and msgs[-1].finish_reason == "length"
+    assert before  # the longest budget reached the arguments
+    server.wait_pool_free()
+
+
 def test_tools_and_call_history_render_as_the_template_does(
     stub: pb_grpc.GenerationServiceStub, tokenizer: Any
 ) -> None:

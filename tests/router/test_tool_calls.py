@@ -84,3 +84,45 @@ def test_forcing_grammar_accepts_exactly_the_calls() -> None:
         {"type": "function", "function": {"name": "g"}}))  # fmt: skip
     assert '"const": "g"' in named.value and '"const": "f"' not in named.value
     assert "call)*" not in named.value  # exactly one call
+
+
+FORCED = (
+    '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","unit":"c"}}\n</tool_call>\n'
+    '<tool_call>\n{"name":"get_time","arguments":{"zone":"utc"}}\n</tool_call>'
+)
+WHOLE = [("get_weather", '{"city":"Oslo","unit":"c"}'), ("get_time", '{"zone":"utc"}')]
+
+
+def test_a_forced_call_cut_short_is_still_a_call() -> None:
+    """Forced output cut anywhere (max_tokens): the calls it holds come back as calls, the
+    last one with its arguments' JSON as far as it got, never as text; whole and streamed
+    give the same. Only a name cut before it tells the tools apart gives no call."""
+    names = ("get_weather", "get_time")
+    for end in range(len(FORCED) + 1):
+        text = FORCED[:end]
+        content, calls = parse_tool_calls(text, names)
+        assert content == ""
+        got = [(c.name, c.arguments) for c in calls]
+        # a block is a call once its name is past the tools' common prefix "get_"
+        told = len('<tool_call>\n{"name":"get_')
+        assert len(got) == sum(end - b > told for b in (0, FORCED.index("<tool_call>", 1)))
+        for (name, arguments), (whole_name, whole_arguments) in zip(got, WHOLE, strict=False):
+            assert name == whole_name
+            # a whole call is re-serialised (json.dumps); a cut one is the model's text
+            assert whole_arguments.startswith(arguments) or json.loads(arguments) == json.loads(
+                whole_arguments
+            )
+        for cut in {1, end // 2, max(end - 1, 0)}:
+            stream = ToolCallStream(names)
+            head, first = stream.feed(text[:cut], finished=False)
+            tail, rest = stream.feed(text[cut:], finished=True)
+            assert (head + tail).strip() == ""
+            assert [(c.name, c.arguments) for c in first + rest] == [
+                (c.name, c.arguments) for c in calls
+            ]
+    # One forced name: a cut anywhere in the block is that tool's call.
+    for end in range(1, FORCED.index("</tool_call>")):
+        _, calls = parse_tool_calls(FORCED[:end], ("get_weather",))
+        assert [c.name for c in calls] == ["get_weather"]
+    # Not forced ("auto"): a cut block is what the model wrote, as text.
+    assert parse_tool_calls(FORCED[:40]) == (FORCED[:40], [])
