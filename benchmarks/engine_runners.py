@@ -107,7 +107,11 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
         outputs = llm.generate(prompts, params)
         return [list(o.token_ids) for o in outputs]
 
-    return Loaded(load_s, run, {"llm_kwargs": kwargs}, reset_prefix_cache=llm.reset_prefix_cache)
+    # Whether greedy rows took the greedy head (engine/models/greedy_head.py): a CPU with
+    # AVX512-BF16 and the head not turned off. The report prices its floor only then.
+    greedy_head = hasattr(getattr(llm.engine.runner.model, "lm_head", None), "greedy")
+    settings = {"llm_kwargs": kwargs, "greedy_head": greedy_head}
+    return Loaded(load_s, run, settings, reset_prefix_cache=llm.reset_prefix_cache)
 
 
 def load_pdserve_torch(model: str, options: dict[str, Any]) -> Loaded:

@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         hf_self = None
 
     report.print_report(args, totals, flops, gemm, gemm_gflops, floor, results, summary, agreement)
-    report.print_screened_floor(screened, summary)
+    report.print_screened_floor(screened, summary, results)
     if hf_self is not None:
         print(f"hf-static vs hf-cb: {hf_self['num_exact']}/{hf_self['num_requests']} exact")
 

@@ -158,10 +158,16 @@ def print_report(
             )
 
 
-def print_screened_floor(screened: Floor | None, summary: dict[str, Any]) -> None:
+def print_screened_floor(
+    screened: Floor | None, summary: dict[str, Any], results: dict[str, Any]
+) -> None:
     """The floor with the lm_head priced as pdserve's greedy head reads it, and pdserve's
-    fraction of it (the table's floor column stays the float32 engine's)."""
+    fraction of it (the table's floor column stays the float32 engine's). Only where the head
+    ran: a CPU without AVX512-BF16 computes every logit in float32."""
     if screened is None or "pdserve" not in summary:
+        return
+    if not results["pdserve"].get("settings", {}).get("greedy_head", False):
+        print("floor with the greedy head: not priced (pdserve ran without it on this CPU)")
         return
     wall = summary["pdserve"]["median_wall_s"]
     print(

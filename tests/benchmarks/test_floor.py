@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import throughput_report as report
 from benchmarks.floor import kv_bytes_per_position, physical_floor
 from benchmarks.workloads import BenchRequest, model_shape
 
@@ -76,3 +77,19 @@ def test_the_screened_head_floor_halves_only_the_lm_head() -> None:
     running = 8 + 3  # request-steps: 8 decodes of the first, 3 of the second
     head_s = running * shape.lm_head_params / 1e9  # half of 2 FLOPs a parameter, at 1 GFLOP/s
     assert compute.decode_s - compute_head.decode_s == pytest.approx(head_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("ran", [True, False])
+def test_the_screened_floor_is_printed_only_where_the_head_ran(
+    ran: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a CPU without AVX512-BF16 every logit is float32: no screened floor is priced."""
+    shape = model_shape("smollm2-135m")
+    reqs = [BenchRequest([5] * 40, 9)]
+    head = physical_floor(reqs, shape, gemm_gflops=1e3, read_gbps=30.0, screened_head=True)
+    summary = {"pdserve": {"median_wall_s": 2 * head.total_s}}
+    results = {"pdserve": {"settings": {"greedy_head": ran}}}
+    report.print_screened_floor(head, summary, results)
+    out = capsys.readouterr().out
+    assert ("pdserve 50.0% of it" in out) == ran
+    assert ("not priced" in out) == (not ran)
