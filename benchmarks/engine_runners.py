@@ -107,10 +107,10 @@ def load_pdserve(model: str, options: dict[str, Any]) -> Loaded:
         outputs = llm.generate(prompts, params)
         return [list(o.token_ids) for o in outputs]
 
-    # Whether greedy rows took the greedy head (engine/models/greedy_head.py): a CPU with
-    # AVX512-BF16 and the head not turned off. The report prices its floor only then.
-    greedy_head = hasattr(getattr(llm.engine.runner.model, "lm_head", None), "greedy")
-    settings = {"llm_kwargs": kwargs, "greedy_head": greedy_head}
+    # Which screen greedy rows took (engine/models/greedy_head.py; "" where the head is off or
+    # the build has none). The report prices the screened floor only where one ran.
+    head = getattr(llm.engine.runner.model, "lm_head", None)
+    settings = {"llm_kwargs": kwargs, "greedy_head": getattr(head, "screen_kind", "")}
     return Loaded(load_s, run, settings, reset_prefix_cache=llm.reset_prefix_cache)
 
 

@@ -15,9 +15,10 @@ engine can read as bf16 and still compute exactly in fp32): it
 ignores that real steps mix prefill chunks with decodes, and all overheads. The compute
 roofline (FLOPs / peak) ignores the memory traffic instead; decode steps are bound by it.
 
-``screened_head`` prices the decode steps' lm_head as pdserve's greedy head runs it on a CPU
-with AVX512-BF16 (engine/models/greedy_head.py): its bf16 screen read at 2 bytes a weight and
-its products at twice the float32 rate (a VDPBF16PS does two a lane), the exact float32 pass
+``screened_head`` prices the decode steps' lm_head as pdserve's greedy head runs it
+(engine/models/greedy_head.py): its screen read at 2 bytes a weight and its products at twice
+the float32 rate (a VDPBF16PS or a VPMADDWD does two a lane; the int16 screen measured 1.65x
+the float32 FMAs on Zen 4 with AVX2, so for it this is a lower bound), the exact float32 pass
 over a few candidates left out. The float32 engine's floor stays the reference; this one says
 how much of pdserve's distance to it is work the greedy head no longer does.
 """

@@ -163,15 +163,16 @@ def print_screened_floor(
 ) -> None:
     """The floor with the lm_head priced as pdserve's greedy head reads it, and pdserve's
     fraction of it (the table's floor column stays the float32 engine's). Only where the head
-    ran: a CPU without AVX512-BF16 computes every logit in float32."""
+    ran (an AVX2 or AVX-512 build, the head not turned off)."""
     if screened is None or "pdserve" not in summary:
         return
-    if not results["pdserve"].get("settings", {}).get("greedy_head", False):
-        print("floor with the greedy head: not priced (pdserve ran without it on this CPU)")
+    kind = results["pdserve"].get("settings", {}).get("greedy_head", "")
+    if not kind:
+        print("floor with the greedy head: not priced (pdserve ran without it here)")
         return
     wall = summary["pdserve"]["median_wall_s"]
     print(
-        f"floor with the lm_head as pdserve's greedy head reads it (bf16 screen, 2 bytes a "
+        f"floor with the lm_head as pdserve's greedy head reads it ({kind} screen, 2 bytes a "
         f"weight, products at twice the fp32 rate): {screened.total_s:.1f} s; pdserve "
         f"{screened.total_s / wall:.1%} of it (the fp32 floor above: the table's column)"
     )

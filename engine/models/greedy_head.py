@@ -1,15 +1,17 @@
-"""The packed lm_head with greedy decoding's argmax screened in bf16 (CPU, AVX512-BF16).
+"""The packed lm_head with greedy decoding's argmax screened (CPU: AVX2 or AVX-512).
 
 A greedy row needs only the index of its largest logit. ``GreedyLmHead.greedy`` finds it
 without computing every float32 logit: ``kernels/cpu/greedy_head.cpp`` screens the vocabulary
-with bf16 products (half the weight bytes and half the instructions of the float32 GEMM), keeps
-the panels whose proven error bound leaves them a chance, and multiplies those again with the
+with cheaper products (bf16 ones where the CPU has AVX512-BF16, else int16 ones summed exactly
+in int32: half the weight bytes of the float32 GEMM, and more products a cycle), keeps the
+panels whose proven error bound leaves them a chance, and multiplies those again with the
 float32 GEMM's own kernel. The token is the one ``argmax(forward(x))`` gives, bit for bit the
 same logits deciding it; a row the screen cannot answer (x not finite) gets its logits computed.
 
-Used when the CPU and the kernels' build have AVX512-BF16, the lm_head has no bias, and
-``PDSERVE_CPU_GREEDY_HEAD`` is not ``0``. It costs one bf16 copy of the lm_head weight (half the
-float32 size) and one float per vocabulary entry.
+Used when the kernels' build has a screen (AVX2 or AVX-512), the lm_head has no bias, and
+``PDSERVE_CPU_GREEDY_HEAD`` is not ``0`` (``bf16`` or ``int16`` picks that screen; unset or
+``1``, the fastest here). It costs one 16-bit copy of the lm_head weight (half the float32
+size) and three floats per vocabulary entry.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class GreedyLmHead(PackedLinear):
         self.register_buffer("norms", screen[1])
         self.rows = rows.detach() if rows is not None else None  # not a parameter of this one
 
+    @property
+    def screen_kind(self) -> str:
+        """``bf16`` or ``int16``: the kind the screen was packed as (the norms' last float)."""
+        return {1: "bf16", 2: "int16"}[int(self.norms[-1])]
+
     @classmethod
     def maybe(
         cls,
@@ -57,14 +64,17 @@ class GreedyLmHead(PackedLinear):
         rows: torch.Tensor | None = None,
     ) -> PackedLinear:
         """A ``GreedyLmHead`` where it can run here, else a plain ``PackedLinear``."""
-        if (
-            os.environ.get(GREEDY_HEAD_ENV, "1") == "0"
-            or linear.bias is not None
-            or not kernels.greedy_head_supported()
-        ):
+        choice = os.environ.get(GREEDY_HEAD_ENV, "1")
+        if choice == "0" or linear.bias is not None or not kernels.greedy_head_supported():
             return PackedLinear(linear, kernels, packed)
+        kind = "" if choice == "1" else choice
+        if kind and kind not in kernels.greedy_head_screens():
+            raise ValueError(
+                f"{GREEDY_HEAD_ENV}={choice!r}: this CPU runs the screens "
+                f"{list(kernels.greedy_head_screens())} (or 0: off, 1: the fastest)"
+            )
         try:
-            screen = kernels.pack_greedy_head(linear.weight.detach().contiguous())
+            screen = kernels.pack_greedy_head(linear.weight.detach().contiguous(), kind)
         except RuntimeError as e:  # a weight row too large for the bound: no screen
             logger.warning("greedy lm_head screen off, float32 logits kept: %s", e)
             return PackedLinear(linear, kernels, packed)

@@ -18,13 +18,29 @@
 // index argmax_rows gives on the full logits. On a decode step a row keeps a handful of its
 // 1,536 panels (SmolLM2's vocabulary), so the exact pass costs a few percent of the screen.
 //
+// Where the CPU has no AVX512-BF16 (AVX2 builds; AVX-512 CPUs before Cooper Lake and Zen 4),
+// the screen is integer: each weight row v is stored as int16 q_v scaled by one float
+// a_v = max|W_v| / Q, each x row likewise at run time (b = max|x| / Q), and VPMADDWD sums the
+// int16 products of k pairs exactly in int32 (Q is chosen from k so that no sum can overflow):
+// on Zen 4 with AVX2 1.65x the multiply-adds a cycle of float32 FMAs, from half the bytes. Its
+// bound follows the same argument with the rounding measured instead of assumed:
+//
+//     |s_v - f_v| <= E_v = alpha |W_v|_2 + beta |W_v - a_v q_v|_2 + tiny,
+//     alpha = gamma_k |x|_2 + |x - b q_x|_2 + 16u |b q_x|_2,  beta = (1 + 16u) |b q_x|_2
+//
+// (the x - b q_x and W_v - a_v q_v norms computed in double, W's at packing; 16u covers the
+// conversion of the int32 sum, its two scalings and the rounding of s -/+ E).
+//
 // A row whose x is not finite, or whose norms could overflow, is answered -1: the caller
-// computes that row's logits. Needs an AVX-512 build and a CPU with AVX512-BF16 (AMD Zen 4 and
-// later, Intel Cooper Lake and Sapphire Rapids and later): greedy_head_supported() says.
+// computes that row's logits. Needs an AVX2 or AVX-512 build (the bf16 screen where the CPU has
+// AVX512-BF16: AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids and later):
+// greedy_head_supported() and greedy_head_kind() say.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -38,10 +54,15 @@ namespace pdcpu {
 #else
 #define PDCPU_GREEDY_HEAD 0
 #endif
+#if (defined(__AVX512BW__) || defined(__AVX2__)) && (defined(__x86_64__) || defined(__i386__))
+#define PDCPU_GREEDY_I16 1
+#else
+#define PDCPU_GREEDY_I16 0
+#endif
 
 namespace {
 
-constexpr int SW = 32;           // columns per screen panel (two vectors of 16 lanes)
+constexpr int SW = 2 * W;  // columns per screen panel (two vectors), the float32 panels' NB
 constexpr double kMaxNorm = 0x1p60;  // larger norms (x's or a weight row's): no screen
 
 // float32 to bf16, rounding to nearest even (a finite value whose bf16 does not overflow).
@@ -73,6 +94,7 @@ inline float float_up(double d) {
   return f;
 }
 
+#if PDCPU_GREEDY_HEAD
 // The bound's relative part c for dot products of length k.
 double bound_c(int64_t k) {
   const double u = 0x1p-24, ub = 0x1p-8;
@@ -90,7 +112,6 @@ void bound_tiny(int64_t k, double x_norm, double* tiny_x, double* tiny_w) {
   *tiny_w = f * rk;
 }
 
-#if PDCPU_GREEDY_HEAD
 struct ScreenArgs {
   const uint32_t* xb;  // [m, k2] bf16 pairs (element 2i in the low half)
   int64_t m, k2;
@@ -142,7 +163,7 @@ void screen_rows(const ScreenArgs& a, int64_t r0, int64_t p, float* lo, const ch
     const __m512 low = _mm512_max_ps(_mm512_mask_sub_ps(neg, m0, c0[r], e0),
                                      _mm512_mask_sub_ps(neg, m1, c1[r], e1));
     a.hi[(r0 + r) * a.panels + p] = _mm512_reduce_max_ps(hi);
-    float* lo_r = lo + (r0 + r) * 16;
+    float* lo_r = lo + (r0 + r) * W;
     const __m512 lo_now = _mm512_max_ps(_mm512_loadu_ps(lo_r), low);
     _mm512_storeu_ps(lo_r, lo_now);
     // The threshold only rises, so a column below it now is no candidate at the end.
@@ -162,7 +183,7 @@ constexpr ScreenRows kScreenRows[SR + 1] = {
 
 // Panels [p0, p1) for every row; lo (16 floats a row) starts at -inf.
 void screen_panels(const ScreenArgs& a, int64_t p0, int64_t p1, float* lo) {
-  std::fill(lo, lo + a.m * 16, -std::numeric_limits<float>::infinity());
+  std::fill(lo, lo + a.m * W, -std::numeric_limits<float>::infinity());
   // The next panel is prefetched while this one is multiplied, its lines shared out over the
   // row blocks (one a k pair), as the float32 GEMM does (gemm.cpp): at 18 rows the screen ran
   // 1.1-1.3x faster with it. A panel that one row block reads is left to the hardware's
@@ -182,21 +203,167 @@ void screen_panels(const ScreenArgs& a, int64_t p0, int64_t p1, float* lo) {
   }
 }
 
-// The largest of `count` rows of 16 floats, `stride` floats apart.
-float max_of(const float* lo, int count, int64_t stride) {
-  __m512 v = _mm512_loadu_ps(lo);
-  for (int i = 1; i < count; ++i) v = _mm512_max_ps(v, _mm512_loadu_ps(lo + i * stride));
-  return _mm512_reduce_max_ps(v);
-}
-
 #pragma GCC pop_options
 #endif  // PDCPU_GREEDY_HEAD
+
+#if PDCPU_GREEDY_I16
+// ---- the int16 screen (any AVX2 or AVX-512 CPU) ----------------------------------------------
+
+// The largest |q| of the int16 screen for dot products of length k: the int32 sum of k2 pairs,
+// each at most 2 Q^2, stays below 2^31 (and no product is -32768 squared).
+int i16_limit(int64_t k) {
+  const double q = std::floor(std::sqrt(2147483647.0 / static_cast<double>(k + 1)));
+  return static_cast<int>(std::min(32767.0, q));
+}
+
+// v (k floats) as int16 pairs at scale `scale` (elements 2 kk, 2 kk + 1 of q = round(v / scale),
+// the first in the low half, past the end zero) into dst[kk * step], and |v - scale q|_2 and
+// |scale q|_2 in double. scale = max|v| / Q, rounded to float; 0 for a zero row.
+void quantize_i16(const float* v, int64_t k, int limit, uint32_t* dst, int64_t step, float* scale,
+                  double* dev, double* norm) {
+  float amax = 0;
+  for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float sc = amax / static_cast<float>(limit);
+  double dsq = 0, nsq = 0;
+  auto q = [&](int64_t i) -> uint32_t {
+    if (i >= k) return 0;
+    float r = sc > 0 ? std::nearbyint(v[i] / sc) : 0.0f;
+    r = std::min(std::max(r, -static_cast<float>(limit)), static_cast<float>(limit));
+    const double back = static_cast<double>(sc) * r;  // exact: 24 by 16 bits
+    dsq += (v[i] - back) * (v[i] - back);
+    nsq += back * back;
+    return static_cast<uint16_t>(static_cast<int16_t>(r));
+  };
+  for (int64_t kk = 0; kk < (k + 1) / 2; ++kk) {
+    const uint32_t lo = q(2 * kk), hi = q(2 * kk + 1);
+    dst[kk * step] = lo | hi << 16;
+  }
+  *scale = sc;
+  *dev = std::sqrt(dsq);
+  *norm = std::sqrt(nsq);
+}
+
+struct I16Args {
+  const uint32_t* xq;  // [m, k2] int16 pairs
+  int64_t m, k2;
+  const uint16_t* screen;  // [panels, k2, SW, 2] int16 pairs
+  const float* norms;      // [3, panels * SW]: |W_v|_2, |W_v - a_v q_v|_2, a_v (0 past n)
+  int64_t n, panels;
+  const float* xs;     // [m]: b, the row's scale
+  const float* alpha;  // [m]
+  const float* beta;   // [m]
+  float tiny;
+  float* hi;
+  uint32_t* cols;
+};
+
+// Exact int32 sums of int16 pair products, lane by lane (VPMADDWD).
+inline vi madd_i16(vi a, vi b) {
+#if defined(__AVX512BW__)
+  return reinterpret_cast<vi>(_mm512_madd_epi16(reinterpret_cast<__m512i>(a),
+                                                reinterpret_cast<__m512i>(b)));
+#else
+  return reinterpret_cast<vi>(_mm256_madd_epi16(reinterpret_cast<__m256i>(a),
+                                                reinterpret_cast<__m256i>(b)));
+#endif
+}
+
+inline vi load_vi(const uint16_t* p) { return reinterpret_cast<vi>(load_u32(p)); }
+
+// One bit a lane of a comparison's result (its lanes all ones or zero).
+inline uint32_t lane_bits(vi m) {
+#if defined(__AVX512F__)
+  return _mm512_movepi32_mask(reinterpret_cast<__m512i>(m));
+#else
+  return static_cast<uint32_t>(_mm256_movemask_ps(reinterpret_cast<__m256>(m)));
+#endif
+}
+
+// Rows r0 .. r0 + R of panel p, as screen_rows does for the bf16 screen.
+template <int R>
+void screen_rows_i16(const I16Args& a, int64_t r0, int64_t p, float* lo, const char* pf,
+                     int pf_lines) {
+  vi c0[R], c1[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) c0[r] = vi{}, c1[r] = vi{};
+  const uint16_t* panel = a.screen + p * a.k2 * 2 * SW;
+  const uint32_t* x = a.xq + r0 * a.k2;
+  for (int64_t kk = 0; kk < a.k2; ++kk) {
+    if (kk < pf_lines) prefetch_l2(pf + kk * 64);
+    const vi w0 = load_vi(panel + kk * 2 * SW), w1 = load_vi(panel + kk * 2 * SW + SW);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const vi xv = vi{} + static_cast<int32_t>(x[r * a.k2 + kk]);
+      c0[r] += madd_i16(xv, w0);
+      c1[r] += madd_i16(xv, w1);
+    }
+  }
+  const float* nrm = a.norms + p * SW;
+  const float* dev = nrm + a.panels * SW;
+  const float* wsc = dev + a.panels * SW;
+  const vf n0 = load(nrm), n1 = load(nrm + W), d0 = load(dev), d1 = load(dev + W);
+  const vf s0 = load(wsc), s1 = load(wsc + W);
+  vi lane = vi{};
+  for (int i = 0; i < W; ++i) lane[i] = i;
+  const int nvalid = static_cast<int>(std::min<int64_t>(SW, a.n - p * SW));
+  const vi v0 = lane < nvalid, v1 = lane + W < nvalid;
+  const vf neg = splat(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < R; ++r) {
+    const float xs = a.xs[r0 + r];
+    const vf f0 = __builtin_convertvector(c0[r], vf) * (s0 * xs);
+    const vf f1 = __builtin_convertvector(c1[r], vf) * (s1 * xs);
+    const vf al = splat(a.alpha[r0 + r]), be = splat(a.beta[r0 + r]), tiny = splat(a.tiny);
+    const vf e0 = al * n0 + (be * d0 + tiny), e1 = al * n1 + (be * d1 + tiny);
+    const vf up0 = v0 ? f0 + e0 : neg, up1 = v1 ? f1 + e1 : neg;
+    const vf dn0 = v0 ? f0 - e0 : neg, dn1 = v1 ? f1 - e1 : neg;
+    a.hi[(r0 + r) * a.panels + p] = hmax(vmax(up0, up1));
+    float* lo_r = lo + (r0 + r) * W;
+    const vf lo_now = vmax(load(lo_r), vmax(dn0, dn1));
+    store(lo_r, lo_now);
+    const vf thr = splat(hmax(lo_now));  // only rises: below it now is below it at the end
+    a.cols[(r0 + r) * a.panels + p] = lane_bits(up0 >= thr) | lane_bits(up1 >= thr) << W;
+  }
+}
+
+using ScreenRowsI16 = void (*)(const I16Args&, int64_t, int64_t, float*, const char*, int);
+constexpr int SR16 = kNumVecRegs >= 32 ? 12 : 6;  // 2 SR16 accumulators, 2 weights, 1 x
+template <int... Is>
+constexpr std::array<ScreenRowsI16, SR16 + 1> i16_table(std::integer_sequence<int, Is...>) {
+  return {nullptr, &screen_rows_i16<Is + 1>...};
+}
+constexpr auto kScreenRowsI16 = i16_table(std::make_integer_sequence<int, SR16>{});
+
+// Panels [p0, p1) for every row, as screen_panels does for the bf16 screen.
+void screen_panels_i16(const I16Args& a, int64_t p0, int64_t p1, float* lo) {
+  std::fill(lo, lo + a.m * W, -std::numeric_limits<float>::infinity());
+  const int64_t blocks = (a.m + SR16 - 1) / SR16;
+  const int64_t lines = a.k2 * 2 * SW * 2 / 64;
+  const int64_t per = (lines + blocks - 1) / blocks;
+  const bool prefetch = blocks > 1 || prefetch_single_pass();
+  for (int64_t p = p0; p < p1; ++p) {
+    const char* next = reinterpret_cast<const char*>(a.screen + (p + 1) * a.k2 * 2 * SW);
+    for (int64_t r0 = 0, b = 0; r0 < a.m; r0 += SR16, ++b) {
+      int n_pf = 0;
+      if (p + 1 < p1 && prefetch) n_pf = static_cast<int>(std::min(per, lines - b * per));
+      kScreenRowsI16[std::min<int64_t>(SR16, a.m - r0)](a, r0, p, lo, next + b * per * 64,
+                                                         std::min<int>(n_pf, a.k2));
+    }
+  }
+}
+#endif  // PDCPU_GREEDY_I16
+
+// The largest of `count` rows of W floats, `stride` floats apart.
+[[maybe_unused]] float max_of(const float* lo, int count, int64_t stride) {
+  vf v = load(lo);
+  for (int i = 1; i < count; ++i) v = vmax(v, load(lo + i * stride));
+  return hmax(v);
+}
 
 // The float32 logits of `count` (<= 8) columns v[j]: x . W[v[j]] as one FMA chain over k from
 // zero, from W's rows (ldw floats apart). That is the chain linear_packed's micro-kernel runs
 // for every output (its K blocks only store and reload the partial sums), so the same bits.
-void exact_columns(const float* x, int64_t k, const float* w, int64_t ldw, const int64_t* v,
-                   int count, float* f) {
+[[maybe_unused]] void exact_columns(const float* x, int64_t k, const float* w, int64_t ldw,
+                                    const int64_t* v, int count, float* f) {
   constexpr int J = 8;  // independent chains, to hide the FMA latency
   const float* rows[J];
   float acc[J] = {};
@@ -211,25 +378,49 @@ void exact_columns(const float* x, int64_t k, const float* w, int64_t ldw, const
 
 }  // namespace
 
-bool greedy_head_supported() {
+bool greedy_head_available(int kind) {
+  if (linear_panel_width() != SW) return false;
+  if (kind == kGreedyBf16) {
 #if PDCPU_GREEDY_HEAD
-  static const bool bf16 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
-  }();
-  return bf16 && linear_panel_width() == SW;
+    static const bool bf16 = [] {
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx512bf16") != 0;
+    }();
+    return bf16;
 #else
-  return false;
+    return false;
 #endif
+  }
+  return kind == kGreedyInt16 && PDCPU_GREEDY_I16;
 }
+
+int greedy_head_kind() {
+  return greedy_head_available(kGreedyBf16)    ? kGreedyBf16
+         : greedy_head_available(kGreedyInt16) ? kGreedyInt16
+                                               : 0;
+}
+
+bool greedy_head_supported() { return greedy_head_kind() != 0; }
 
 int64_t greedy_head_screen_elements(int64_t n, int64_t k) {
   return (n + SW - 1) / SW * ((k + 1) / 2) * SW * 2;
 }
 
-bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* screen,
-                      float* norms, int num_threads) {
-  const int64_t panels = (n + SW - 1) / SW, k2 = (k + 1) / 2;
+int64_t greedy_head_norms_elements(int64_t n) { return 3 * ((n + SW - 1) / SW * SW) + 1; }
+
+int greedy_head_screen_kind(const float* norms, int64_t n) {
+  const float kind = norms[greedy_head_norms_elements(n) - 1];
+  return kind == kGreedyBf16 ? kGreedyBf16 : kind == kGreedyInt16 ? kGreedyInt16 : 0;
+}
+
+bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, int kind,
+                      uint16_t* screen, float* norms, int num_threads) {
+  const int64_t panels = (n + SW - 1) / SW, k2 = (k + 1) / 2, cols = panels * SW;
+  const bool bf16 = kind == kGreedyBf16;
+  norms[3 * cols] = static_cast<float>(kind);
+#if PDCPU_GREEDY_I16
+  const int limit = i16_limit(k);
+#endif
   std::vector<char> ok(static_cast<size_t>(panels), 1);
   parallel_for_static(panels, num_threads, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -239,10 +430,20 @@ bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_
         const double norm = v < n ? norm2(w + v * ldw, k) : 0.0;
         const bool fits = norm <= kMaxNorm;  // false for NaN and inf too
         if (!fits) ok[static_cast<size_t>(p)] = 0;
-        norms[v] = v < n && fits ? float_up(norm) : 0.0f;
-        for (int64_t kk = 0; kk < k2; ++kk) {
-          const uint32_t pair = v < n && fits ? bf16_pair(w + v * ldw, k, kk) : 0;
-          std::memcpy(dst + (kk * SW + c) * 2, &pair, sizeof pair);
+        const bool use = v < n && fits;
+        norms[v] = use ? float_up(norm) : 0.0f;
+        norms[cols + v] = norms[2 * cols + v] = 0.0f;
+        uint32_t* pairs = reinterpret_cast<uint32_t*>(dst) + c;  // pair kk at pairs[kk * SW]
+        if (!use) {
+          for (int64_t kk = 0; kk < k2; ++kk) pairs[kk * SW] = 0;
+        } else if (bf16) {
+          for (int64_t kk = 0; kk < k2; ++kk) pairs[kk * SW] = bf16_pair(w + v * ldw, k, kk);
+        } else {
+#if PDCPU_GREEDY_I16
+          double dev = 0, qnorm = 0;
+          quantize_i16(w + v * ldw, k, limit, pairs, SW, &norms[2 * cols + v], &dev, &qnorm);
+          norms[cols + v] = float_up(dev);
+#endif
         }
       }
     }
@@ -250,48 +451,23 @@ bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_
   return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
 }
 
+#if PDCPU_GREEDY_HEAD || PDCPU_GREEDY_I16
+namespace {
+
+// The exact pass: each row's threshold (the largest s - E over the threads' `lo`, W floats a
+// row and thread), then its candidate columns again in float32, on the row alone: from W's
+// rows where the caller has them, else from its panels, SW columns at a time.
 template <typename Wt>
-void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* screen,
-                 const float* norms, const Wt* packed, const float* w, int64_t ldw, int64_t n,
-                 int64_t* tokens, int num_threads) {
-#if PDCPU_GREEDY_HEAD
-  const int64_t k2 = (k + 1) / 2, panels = (n + SW - 1) / SW;
-  std::vector<uint32_t> xb(static_cast<size_t>(m * k2));
-  std::vector<float> e(static_cast<size_t>(m)), tiny(static_cast<size_t>(m));
-  const double c = bound_c(k);
-  for (int64_t r = 0; r < m; ++r) {
-    const float* xr = x + r * ldx;
-    const bool finite = std::all_of(xr, xr + k, [](float v) { return std::isfinite(v); });
-    const double norm = finite ? norm2(xr, k) : 0.0;
-    const bool ok = finite && norm <= kMaxNorm;
-    tokens[r] = ok ? 0 : -1;  // -1: screened as zeros, answered by the caller
-    const double used = ok ? norm : 0.0;
-    for (int64_t kk = 0; kk < k2; ++kk) xb[r * k2 + kk] = ok ? bf16_pair(xr, k, kk) : 0;
-    double tiny_x = 0, tiny_w = 0;
-    bound_tiny(k, used, &tiny_x, &tiny_w);
-    e[r] = float_up((c * used + tiny_w) * (1 + 0x1p-20));
-    tiny[r] = float_up(tiny_x);
-  }
-  std::vector<float> hi(static_cast<size_t>(m * panels));
-  std::vector<uint32_t> cols(static_cast<size_t>(m * panels));
-  const ScreenArgs a{xb.data(), m,           k2,        screen,     norms,      n,
-                     panels,    e.data(),    tiny.data(), hi.data(), cols.data()};
-  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
-  // Each thread's running max of s - E a row, lane by lane (-inf where a thread ran nothing: a
-  // call nested in another region runs on its caller alone, n = 1).
-  std::vector<float> lo(static_cast<size_t>(nt * m * 16),
-                        -std::numeric_limits<float>::infinity());
-  parallel(nt, [&](int t, int n_run) {
-    screen_panels(a, panels * t / n_run, panels * (t + 1) / n_run, lo.data() + t * m * 16);
-  });
-  // Each row's threshold, then its candidates again in float32, on the row alone: from W's rows
-  // where the caller has them, else from its panels, 32 columns at a time.
+void settle(const float* x, int64_t m, int64_t k, int64_t ldx, const float* hi,
+            const uint32_t* cols, const float* lo, int nt, const Wt* packed, const float* w,
+            int64_t ldw, int64_t n, int64_t* tokens) {
+  const int64_t panels = (n + SW - 1) / SW;
   parallel_for_static(m, std::min<int64_t>(nt, m), [&](int64_t r0, int64_t r1) {
     float y[SW];
     int64_t v[SW];
     for (int64_t r = r0; r < r1; ++r) {
       if (tokens[r] < 0) continue;
-      const float threshold = max_of(lo.data() + r * 16, nt, m * 16);
+      const float threshold = max_of(lo + r * W, nt, m * W);
       const float* xr = x + r * ldx;
       int64_t best = -1;
       float best_v = -std::numeric_limits<float>::infinity();
@@ -319,11 +495,91 @@ void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16
       tokens[r] = finite ? best : -1;
     }
   });
-#else
-  (void)x, (void)k, (void)ldx, (void)screen, (void)norms, (void)packed, (void)w, (void)ldw,
-      (void)n, (void)num_threads;
-  for (int64_t r = 0; r < m; ++r) tokens[r] = -1;
+}
+
+// Whether row x (k floats) can be screened: finite, with a norm the bound can take.
+bool screenable(const float* x, int64_t k, double* norm) {
+  const bool finite = std::all_of(x, x + k, [](float v) { return std::isfinite(v); });
+  *norm = finite ? norm2(x, k) : 0.0;
+  return finite && *norm <= kMaxNorm;
+}
+
+}  // namespace
 #endif
+
+template <typename Wt>
+void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* screen,
+                 const float* norms, const Wt* packed, const float* w, int64_t ldw, int64_t n,
+                 int64_t* tokens, int num_threads) {
+  const int kind = greedy_head_screen_kind(norms, n);
+  const int64_t k2 = (k + 1) / 2, panels = (n + SW - 1) / SW;
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
+  std::vector<float> hi(static_cast<size_t>(m * panels));
+  std::vector<uint32_t> cols(static_cast<size_t>(m * panels));
+  // Each thread's running max of s - E a row, lane by lane (-inf where a thread ran nothing: a
+  // call nested in another region runs on its caller alone, n = 1).
+  std::vector<float> lo(static_cast<size_t>(nt * m * W), -std::numeric_limits<float>::infinity());
+  std::vector<uint32_t> xp(static_cast<size_t>(m * k2));
+  std::vector<float> e(static_cast<size_t>(m)), tiny(static_cast<size_t>(m));
+  double norm = 0;
+#if PDCPU_GREEDY_HEAD
+  if (kind == kGreedyBf16) {
+    const double c = bound_c(k);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = x + r * ldx;
+      const bool ok = screenable(xr, k, &norm);
+      tokens[r] = ok ? 0 : -1;  // -1: screened as zeros, answered by the caller
+      const double used = ok ? norm : 0.0;
+      for (int64_t kk = 0; kk < k2; ++kk) xp[r * k2 + kk] = ok ? bf16_pair(xr, k, kk) : 0;
+      double tiny_x = 0, tiny_w = 0;
+      bound_tiny(k, used, &tiny_x, &tiny_w);
+      e[r] = float_up((c * used + tiny_w) * (1 + 0x1p-20));
+      tiny[r] = float_up(tiny_x);
+    }
+    const ScreenArgs a{xp.data(), m,           k2,        screen,     norms,      n,
+                       panels,    e.data(),    tiny.data(), hi.data(), cols.data()};
+    parallel(nt, [&](int t, int n_run) {
+      screen_panels(a, panels * t / n_run, panels * (t + 1) / n_run, lo.data() + t * m * W);
+    });
+    settle(x, m, k, ldx, hi.data(), cols.data(), lo.data(), nt, packed, w, ldw, n, tokens);
+    return;
+  }
+#endif
+#if PDCPU_GREEDY_I16
+  if (kind == kGreedyInt16) {
+    const int limit = i16_limit(k);
+    const double u = 0x1p-24, ku = static_cast<double>(k) * u, gamma = ku / (1 - ku);
+    const double slack = 1 + 0x1p-16;
+    std::vector<float>& xs = tiny;  // each row's scale b
+    std::vector<float> beta(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = x + r * ldx;
+      const bool ok = screenable(xr, k, &norm);
+      tokens[r] = ok ? 0 : -1;  // -1: screened as zeros, answered by the caller
+      double dev = 0, qnorm = 0;
+      if (ok) {
+        quantize_i16(xr, k, limit, xp.data() + r * k2, 1, &xs[r], &dev, &qnorm);
+      } else {
+        std::fill(xp.begin() + r * k2, xp.begin() + (r + 1) * k2, 0u);
+        xs[r] = 0, norm = 0;
+      }
+      e[r] = float_up((gamma * norm + dev + 16 * u * qnorm) * slack);  // alpha
+      beta[r] = float_up(qnorm * (1 + 16 * u) * slack);
+    }
+    // tiny: what float32 products can lose below 2^-126 (a scale's product, then the int32 sum
+    // below 2^31 times it, then E and s -/+ E), with room.
+    const I16Args a{xp.data(), m,           k2,          screen,   norms,     n,          panels,
+                    xs.data(), e.data(),    beta.data(), 0x1p-94f, hi.data(), cols.data()};
+    parallel(nt, [&](int t, int n_run) {
+      screen_panels_i16(a, panels * t / n_run, panels * (t + 1) / n_run, lo.data() + t * m * W);
+    });
+    settle(x, m, k, ldx, hi.data(), cols.data(), lo.data(), nt, packed, w, ldw, n, tokens);
+    return;
+  }
+#endif
+  (void)x, (void)kind, (void)screen, (void)norms, (void)packed, (void)w, (void)ldw,
+      (void)num_threads, (void)ldx, (void)norm;
+  for (int64_t r = 0; r < m; ++r) tokens[r] = -1;
 }
 
 template void greedy_head<float>(const float*, int64_t, int64_t, int64_t, const uint16_t*,

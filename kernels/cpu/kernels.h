@@ -105,13 +105,20 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t stride, int64_
                  int num_threads);
 
 // ---- greedy_head.cpp (float32) ----------------------------------------------------------------
-// Whether this build and CPU run the greedy head (AVX-512 with AVX512-BF16).
+// The greedy head's screens: bf16 (AVX-512 with AVX512-BF16) and int16 (AVX2 or AVX-512).
+constexpr int kGreedyBf16 = 1, kGreedyInt16 = 2;
+bool greedy_head_available(int kind);
+// The fastest screen this build and CPU run (0: none; the caller computes logits).
+int greedy_head_kind();
 bool greedy_head_supported();
-// The screen of a weight [n, k] (uint16 elements) and its rows' norms (n floats, rounded up).
-// Returns false when some row's norm is not finite or too large for the screen's bound.
+// The screen of a weight [n, k] (uint16 elements), and its rows' norms, deviations and scales
+// with the screen's kind last (greedy_head_norms_elements floats). Returns false when some
+// row's norm is not finite or too large for the screen's bound. `kind` must be available.
 int64_t greedy_head_screen_elements(int64_t n, int64_t k);
-bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* screen,
-                      float* norms, int num_threads);
+int64_t greedy_head_norms_elements(int64_t n);
+int greedy_head_screen_kind(const float* norms, int64_t n);  // 0 where norms holds none
+bool pack_greedy_head(const float* w, int64_t n, int64_t k, int64_t ldw, int kind,
+                      uint16_t* screen, float* norms, int num_threads);
 // tokens[r] = argmax_rows of x[r] @ W^T as linear_packed computes it on `packed` (W's panels,
 // float32 or bf16; no bias), from W's screen and norms; -1 for a row it cannot answer (x not
 // finite or too large, a logit not finite): the caller computes that row's logits. `w`: W

@@ -139,20 +139,35 @@ Tensor argmax(const Tensor& logits) {
 
 bool greedy_head_supported() { return pdcpu::greedy_head_supported(); }
 
-// (screen, norms) of an lm_head weight for greedy_head; refused where the CPU or build has no
-// AVX512-BF16, or a row's norm is not finite.
-std::tuple<Tensor, Tensor> pack_greedy_head(const Tensor& w) {
+// The greedy head's screens this build and CPU run, fastest first ("bf16", "int16").
+std::vector<std::string> greedy_head_screens() {
+  std::vector<std::string> out;
+  if (pdcpu::greedy_head_available(pdcpu::kGreedyBf16)) out.emplace_back("bf16");
+  if (pdcpu::greedy_head_available(pdcpu::kGreedyInt16)) out.emplace_back("int16");
+  return out;
+}
+
+// (screen, norms) of an lm_head weight for greedy_head; refused where the build has no screen
+// (neither AVX2 nor AVX-512), or a row's norm is not finite.
+std::tuple<Tensor, Tensor> pack_greedy_head(const Tensor& w, const std::string& screen_kind) {
   check_last_contiguous(w, "weight");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat,
               "pdserve_cpu.pack_greedy_head: weight must be float32 [out, in]");
   TORCH_CHECK(pdcpu::greedy_head_supported(),
-              "pdserve_cpu.pack_greedy_head: needs an AVX-512 build on a CPU with AVX512-BF16");
-  const int64_t n = w.size(0), k = w.size(1), nb = pdcpu::linear_panel_width();
+              "pdserve_cpu.pack_greedy_head: needs an AVX2 or AVX-512 build");
+  const int kind = screen_kind.empty()    ? pdcpu::greedy_head_kind()
+                   : screen_kind == "bf16"  ? pdcpu::kGreedyBf16
+                   : screen_kind == "int16" ? pdcpu::kGreedyInt16
+                                            : 0;
+  const char* name = screen_kind.c_str();
+  TORCH_CHECK(pdcpu::greedy_head_available(kind), "pdserve_cpu.pack_greedy_head: screen '",
+              name, "' does not run here (greedy_head_screens() lists those that do)");
+  const int64_t n = w.size(0), k = w.size(1);
   Tensor screen =
       at::empty({pdcpu::greedy_head_screen_elements(n, k)}, w.options().dtype(at::kBFloat16));
-  Tensor norms = at::empty({(n + nb - 1) / nb * nb}, w.options());
+  Tensor norms = at::empty({pdcpu::greedy_head_norms_elements(n)}, w.options());
   const bool ok = pdcpu::pack_greedy_head(
-      w.data_ptr<float>(), n, k, w.stride(0),
+      w.data_ptr<float>(), n, k, w.stride(0), kind,
       reinterpret_cast<uint16_t*>(screen.data_ptr<at::BFloat16>()), norms.data_ptr<float>(),
       at::get_num_threads());
   TORCH_CHECK(ok, "pdserve_cpu.pack_greedy_head: a weight row's norm is not finite or too large");
@@ -165,15 +180,15 @@ Tensor greedy_head(const Tensor& x, const Tensor& screen, const Tensor& norms,
                    const Tensor& packed, int64_t out_features,
                    const std::optional<Tensor>& weight) {
   const Linear l = linear_of(x, packed, out_features, std::nullopt, "greedy_head");
-  const int64_t nb = pdcpu::linear_panel_width(), panels = (out_features + nb - 1) / nb;
   TORCH_CHECK(screen.is_contiguous() && screen.scalar_type() == at::kBFloat16 &&
                   screen.numel() == pdcpu::greedy_head_screen_elements(out_features, x.size(1)) &&
                   norms.is_contiguous() && norms.scalar_type() == at::kFloat &&
-                  norms.numel() == panels * nb,
+                  norms.numel() == pdcpu::greedy_head_norms_elements(out_features),
               "pdserve_cpu.greedy_head: screen and norms must come from pack_greedy_head of "
               "this weight");
-  TORCH_CHECK(pdcpu::greedy_head_supported(),
-              "pdserve_cpu.greedy_head: needs an AVX-512 build on a CPU with AVX512-BF16");
+  TORCH_CHECK(pdcpu::greedy_head_available(
+                  pdcpu::greedy_head_screen_kind(norms.data_ptr<float>(), out_features)),
+              "pdserve_cpu.greedy_head: this screen's kind does not run here");
   const float* w = nullptr;
   int64_t ldw = 0;
   if (weight.has_value()) {
@@ -242,7 +257,9 @@ TORCH_LIBRARY(pdserve_cpu, m) {
   m.def("linear_silu_mul(Tensor x, Tensor packed, int inter) -> Tensor", &linear_silu_mul);
   m.def("argmax(Tensor logits) -> Tensor", &argmax);
   m.def("greedy_head_supported() -> bool", &greedy_head_supported);
-  m.def("pack_greedy_head(Tensor weight) -> (Tensor, Tensor)", &pack_greedy_head);
+  m.def("greedy_head_screens() -> str[]", &greedy_head_screens);
+  m.def("pack_greedy_head(Tensor weight, str screen=\"\") -> (Tensor, Tensor)",
+        &pack_greedy_head);
   m.def(
       "greedy_head(Tensor x, Tensor screen, Tensor norms, Tensor packed, int out_features, "
       "Tensor? weight=None) -> Tensor",

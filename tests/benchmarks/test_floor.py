@@ -79,17 +79,18 @@ def test_the_screened_head_floor_halves_only_the_lm_head() -> None:
     assert compute.decode_s - compute_head.decode_s == pytest.approx(head_s, rel=1e-3)
 
 
-@pytest.mark.parametrize("ran", [True, False])
+@pytest.mark.parametrize("kind", ["bf16", "int16", ""])
 def test_the_screened_floor_is_printed_only_where_the_head_ran(
-    ran: bool, capsys: pytest.CaptureFixture[str]
+    kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On a CPU without AVX512-BF16 every logit is float32: no screened floor is priced."""
+    """Where the head did not run every logit is float32: no screened floor is priced."""
+    ran = bool(kind)
     shape = model_shape("smollm2-135m")
     reqs = [BenchRequest([5] * 40, 9)]
     head = physical_floor(reqs, shape, gemm_gflops=1e3, read_gbps=30.0, screened_head=True)
     summary = {"pdserve": {"median_wall_s": 2 * head.total_s}}
-    results = {"pdserve": {"settings": {"greedy_head": ran}}}
+    results = {"pdserve": {"settings": {"greedy_head": kind}}}
     report.print_screened_floor(head, summary, results)
     out = capsys.readouterr().out
-    assert ("pdserve 50.0% of it" in out) == ran
+    assert ("pdserve 50.0% of it" in out) == ran and (f"({kind} screen" in out) == ran
     assert ("not priced" in out) == (not ran)

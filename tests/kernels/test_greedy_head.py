@@ -1,10 +1,12 @@
 """The greedy lm_head (kernels/cpu/greedy_head.cpp) against the float32 path it replaces: the
-packed ``linear`` then the compiled ``argmax``. The token must be the same on every row: random
-shapes (vocabularies and widths that are no multiple of a panel or a bf16 pair, widths past the
-GEMM's K block, row counts past a micro-kernel's 12), exact ties (the first index wins, across
+packed ``linear`` then the compiled ``argmax``. The token must be the same on every row, from
+every screen this CPU runs (bf16 with AVX512-BF16, int16 on any AVX2 or AVX-512 CPU): random
+shapes (vocabularies and widths that are no multiple of a panel or a pair, widths past the
+GEMM's K block, row counts past a micro-kernel's rows), exact ties (the first index wins, across
 panels and threads), near ties one float32 ulp apart, all-equal logits, subnormal and very large
-activations, and bf16 panels. Rows it cannot screen (x not finite) come back as -1, and
-``GreedyLmHead`` answers them from their logits."""
+activations, outliers that coarsen the int16 scale, sums at the int32 limit, and bf16 panels.
+Rows it cannot screen (x not finite) come back as -1, and ``GreedyLmHead`` answers them from
+their logits."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tests.kernels.cpu_ops import cpu_ops
 def screen_ops() -> Any:
     ops = cpu_ops()
     if not ops.greedy_head_supported():
-        pytest.skip("this CPU has no AVX512-BF16: the greedy head is off and the float32 path runs")
+        pytest.skip("the kernels' build has no screen (neither AVX2 nor AVX-512): logits in fp32")
     return ops
 
 
@@ -35,11 +37,12 @@ def _check(w: torch.Tensor, x: torch.Tensor, bf16: bool = False) -> torch.Tensor
     ops = screen_ops()
     n = w.shape[0]
     packed = ops.pack_linear_weight(w, bf16)
-    screen, norms = ops.pack_greedy_head(w)
     want = _reference(ops, x, packed, n)
-    for rows in (w, None):
-        got = ops.greedy_head(x, screen, norms, packed, n, rows)
-        assert torch.equal(got, want), (rows is None, got, want)
+    for kind in ops.greedy_head_screens():
+        screen, norms = ops.pack_greedy_head(w, kind)
+        for rows in (w, None):
+            got = ops.greedy_head(x, screen, norms, packed, n, rows)
+            assert torch.equal(got, want), (kind, rows is None, got, want)
     return want
 
 
@@ -131,13 +134,15 @@ def test_rows_that_are_not_finite_are_left_to_the_caller() -> None:
     x[1, 3] = float("nan")
     x[3, 0] = float("inf")
     packed = ops.pack_linear_weight(w)
-    screen, norms = ops.pack_greedy_head(w)
-    got = ops.greedy_head(x, screen, norms, packed, 900, w)
-    assert got[1] == -1 and got[3] == -1
-    keep = torch.tensor([0, 2, 4])
-    assert torch.equal(got[keep], _reference(ops, x, packed, 900)[keep])
-    head = GreedyLmHead(_linear(w), ops, packed, (screen, norms))
-    assert torch.equal(head.greedy(x), _reference(ops, x, packed, 900))  # NaN rows: the first
+    for kind in ops.greedy_head_screens():
+        screen, norms = ops.pack_greedy_head(w, kind)
+        got = ops.greedy_head(x, screen, norms, packed, 900, w)
+        assert got[1] == -1 and got[3] == -1
+        keep = torch.tensor([0, 2, 4])
+        assert torch.equal(got[keep], _reference(ops, x, packed, 900)[keep])
+        head = GreedyLmHead(_linear(w), ops, packed, (screen, norms))
+        assert head.screen_kind == kind
+        assert torch.equal(head.greedy(x), _reference(ops, x, packed, 900))  # NaN rows: first
 
 
 def _linear(w: torch.Tensor, bias: bool = False) -> nn.Linear:
@@ -161,6 +166,14 @@ def test_which_lm_head(monkeypatch: pytest.MonkeyPatch) -> None:
     huge = w.clone()
     huge[7] = 2.0**70
     assert type(GreedyLmHead.maybe(_linear(huge), ops, packed)) is PackedLinear
+    assert head.screen_kind == ops.greedy_head_screens()[0]  # the fastest
+    for kind in ops.greedy_head_screens():
+        monkeypatch.setenv(GREEDY_HEAD_ENV, kind)
+        forced = GreedyLmHead.maybe(_linear(w), ops, packed)
+        assert isinstance(forced, GreedyLmHead) and forced.screen_kind == kind
+    monkeypatch.setenv(GREEDY_HEAD_ENV, "fp8")
+    with pytest.raises(ValueError, match=f"{GREEDY_HEAD_ENV}='fp8': this CPU runs the screens"):
+        GreedyLmHead.maybe(_linear(w), ops, packed)
     monkeypatch.setenv(GREEDY_HEAD_ENV, "0")
     assert type(GreedyLmHead.maybe(_linear(w), ops, packed)) is PackedLinear
 
@@ -176,3 +189,33 @@ def test_bad_arguments_are_clear_errors() -> None:
         ops.greedy_head(torch.randn(2, 32), screen[:-2], norms, packed, 100, None)
     with pytest.raises(RuntimeError, match="weight must be"):
         ops.greedy_head(torch.randn(2, 32), screen, norms, packed, 100, w[:50])
+    with pytest.raises(RuntimeError, match="screen 'fp8' does not run here"):
+        ops.pack_greedy_head(w, "fp8")
+    unpacked = norms.clone()
+    unpacked[-1] = 0  # norms that say no kind: not from pack_greedy_head
+    with pytest.raises(RuntimeError, match="kind does not run here"):
+        ops.greedy_head(torch.randn(2, 32), screen, unpacked, packed, 100, None)
+
+
+def test_outliers_coarsen_the_int16_scale_but_not_the_answer() -> None:
+    """One large weight in a row (or one large activation) sets that row's int16 scale, so
+    its other values keep a few bits: the bound widens and more columns are settled exactly,
+    with the same tokens."""
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(2000, 320, generator=g) * 0.05
+    w[::7, 11] = 40.0
+    x = torch.randn(9, 320, generator=g)
+    x[::2, 5] = 300.0
+    _check(w, x)
+
+
+def test_sums_at_the_int32_limit() -> None:
+    """Every weight and activation at the largest |q| (all of one sign, and alternating): the
+    int32 sums reach their bound without overflowing; widths whose limit is well below 2^15."""
+    for k in (7, 576, 8191):
+        w = torch.ones(70, k) * 0.25
+        w[1::2] *= -1
+        w[5, :] = 0.2501  # the largest logit, by far less than the int16 step
+        x = torch.ones(3, k)
+        x[1, 1::2] = -1.0
+        _check(w, x)
