@@ -5,13 +5,14 @@
 Loads the offline benchmark's model (SmolLM2-135M shape, random weights, fp32; or
 ``--model-dir``) into an ``LLMEngine``, prefills ``--seqs`` greedy requests of 32-500 random
 tokens (seed 0) and times decode steps in alternating blocks of 6: the engine as it is (greedy
-rows' tokens from the bf16-screened lm_head, ``engine/models/greedy_head.py``) and the same
+rows' tokens from the screened lm_head, ``engine/models/greedy_head.py``; its screen as
+``PDSERVE_CPU_GREEDY_HEAD`` picks, by default the fastest here) and the same
 engine with its rows sent through the float32 logits and the sampler (what
 ``PDSERVE_CPU_GREEDY_HEAD=0`` runs). Alternating in one process keeps the VM's drift out of the
 ratio (a process-against-process A/B of the whole step, ``decode_steps.py``, measured rounds
 34-45 ms apart). Then the lm_head alone on the step's own hidden states (the last step's rows,
 captured): ``greedy`` against ``linear`` then ``argmax``, alternating calls. Prints medians and
-the ratio; needs a CPU whose kernels run the greedy head (AVX512-BF16).
+the ratio; needs kernels that run the greedy head (an AVX2 or AVX-512 build).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
     runner, model = engine.runner, engine.runner.model
     if not model.has_greedy_head:
-        raise SystemExit("no greedy head here (no AVX512-BF16, or PDSERVE_CPU_GREEDY_HEAD=0)")
+        raise SystemExit("no greedy head here (no AVX2 or AVX-512 build, or it is turned off)")
     head_path = runner._sample
     rows_seen: list[Any] = []
 
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     result = {name: statistics.median(v) for name, v in {**times, **calls}.items()}
     step_on, step_off = result["greedy head"], result["float32 logits"]
+    print(f"greedy head's screen: {model.lm_head.screen_kind}")
     print(f"decode step of {args.seqs} requests, {args.blocks} alternating blocks of {BLOCK}:")
     print(f"  greedy head {step_on * 1e3:6.2f} ms | float32 logits {step_off * 1e3:6.2f} ms")
     print(f"  float32 logits / greedy head: x{step_off / step_on:.3f}")

@@ -10,6 +10,7 @@ their logits."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -219,3 +220,21 @@ def test_sums_at_the_int32_limit() -> None:
         x = torch.ones(3, k)
         x[1, 1::2] = -1.0
         _check(w, x)
+
+
+def test_the_int16_screen_s_order_is_not_trusted() -> None:
+    """Rows whose int16 rounding reverses their order: row 9's largest weight (0.999) gives it
+    a finer scale that rounds its other weights up a step, row 5's round down, so the screen
+    alone would say 9; only the bound keeps row 5, the float32 answer, among the candidates."""
+    k = 64
+    q = min(32767, math.floor(math.sqrt((2**31 - 1) / (k + 1))))  # the kernel's limit for k
+    w = torch.full((40, k), 0.01)
+    w[5, 0], w[5, 1:] = 1.0, (100 + 0.49) / q
+    w[9, 0], w[9, 1:] = 0.999, (100 + 0.45) / q
+
+    def screened(row: torch.Tensor) -> float:
+        scale = float(torch.tensor(float(row.abs().max()) / q, dtype=torch.float32))
+        return scale * float((row / scale).round().sum())
+
+    assert screened(w[9]) > screened(w[5]) and float(w[5].sum()) > float(w[9].sum())
+    assert _check(w, torch.ones(1, k)).tolist() == [5]
