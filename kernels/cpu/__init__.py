@@ -40,9 +40,17 @@ SOURCES = (
     "elementwise.cpp",
     "argmax.cpp",
     "greedy_head.cpp",
+    "greedy_screen_i16.cpp",
     "pool.cpp",
 )
-HEADERS = ("kernels.h", "vec.h", "pool.h", "phase_timers.h", "tensor_args.h")
+HEADERS = (
+    "kernels.h",
+    "vec.h",
+    "pool.h",
+    "phase_timers.h",
+    "tensor_args.h",
+    "greedy_screen_i16.h",
+)
 ISA_FLAGS: dict[str, list[str]] = {
     "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],

@@ -1,0 +1,54 @@
+// The greedy head's int16 screen (greedy_head.cpp runs it where the CPU has no AVX512-BF16):
+// each weight row and each x row as int16 at one float scale, their pair products summed
+// exactly in int32 by VPMADDWD. Built in AVX2 and AVX-512 builds (PDCPU_GREEDY_I16).
+#pragma once
+
+#include <cstdint>
+
+#include "vec.h"
+
+namespace pdcpu {
+
+#if (defined(__AVX512BW__) || defined(__AVX2__)) && (defined(__x86_64__) || defined(__i386__))
+#define PDCPU_GREEDY_I16 1
+#else
+#define PDCPU_GREEDY_I16 0
+#endif
+
+// Columns per screen panel (two vectors): the float32 panels' NB, so a candidate's panel is
+// one linear_packed call.
+constexpr int kScreenPanel = 2 * W;
+
+#if PDCPU_GREEDY_I16
+struct I16Args {
+  const uint32_t* xq;  // [m, k2] int16 pairs
+  int64_t m, k2;
+  const uint16_t* screen;  // [panels, k2, kScreenPanel, 2] int16 pairs
+  const float* norms;      // [3, panels * kScreenPanel]: |W_v|_2, |W_v - a_v q_v|_2, a_v
+                           // (0 past n)
+  int64_t n, panels;
+  const float* xs;     // [m]: b, the row's scale
+  const float* alpha;  // [m]
+  const float* beta;   // [m]
+  float tiny;
+  float* hi;
+  uint32_t* cols;
+};
+
+// The largest |q| for dot products of length k: the int32 sum of ceil(k / 2) pairs, each at
+// most 2 Q^2, stays below 2^31 (and no product is -32768 squared).
+int i16_limit(int64_t k);
+
+// v (k floats) as int16 pairs at scale `scale` (elements 2 kk, 2 kk + 1 of q = round(v / scale),
+// the first in the low half, past the end zero) into dst[kk * step], and |v - scale q|_2 and
+// |scale q|_2 in double. scale = max|v| / Q, rounded to float; 0 for a zero row.
+void quantize_i16(const float* v, int64_t k, int limit, uint32_t* dst, int64_t step, float* scale,
+                  double* dev, double* norm);
+
+// Panels [p0, p1) of the screen for every row of x: each row's largest s + E a panel into hi,
+// the columns whose s + E reached the row's running threshold into cols, and the running max of
+// s - E, lane by lane, into lo (W floats a row, reset to -inf here).
+void screen_panels_i16(const I16Args& a, int64_t p0, int64_t p1, float* lo);
+#endif
+
+}  // namespace pdcpu
