@@ -53,10 +53,11 @@ def _cpu(quantity: str) -> float:
 
 @dataclass
 class Cluster:
-    """The stand-ins for the cluster: Service addresses and Secrets' contents."""
+    """The stand-ins for the cluster: Service addresses, Secrets' and ConfigMaps' contents."""
 
     services: dict[str, int] = field(default_factory=dict)  # "dns:port" -> local port
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> key -> value
+    config_maps: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> key -> value
     claims: dict[str, Path] = field(default_factory=dict)  # PVC name -> directory
 
     def map_addresses(self, text: str) -> str:
@@ -101,11 +102,19 @@ class LocalPod:
             local = self.root / "volumes" / mount["name"]
             if "persistentVolumeClaim" in volume:
                 local = self.cluster.claims[volume["persistentVolumeClaim"]["claimName"]]
-            elif "secret" in volume:
+            elif "secret" in volume or "configMap" in volume:
+                # each key a file (or, with `items`, the listed keys at their paths)
                 local.mkdir(parents=True, exist_ok=True)
-                data = self.cluster.secrets[volume["secret"]["secretName"]]
-                for key, value in data.items():
-                    (local / key).write_text(value)
+                if "secret" in volume:
+                    source = volume["secret"]
+                    data = self.cluster.secrets[source["secretName"]]
+                else:
+                    source = volume["configMap"]
+                    data = self.cluster.config_maps[source["name"]]
+                items = source.get("items") or [{"key": k, "path": k} for k in data]
+                paths = {i["key"]: i["path"] for i in items}
+                for key, path in paths.items():
+                    (local / path).write_text(data[key])
             elif "emptyDir" in volume:
                 local.mkdir(parents=True, exist_ok=True)
                 os.chown(local, uid, group)  # the kubelet gives fsGroup the volume
