@@ -78,7 +78,13 @@ class GreedyLmHead(PackedLinear):
         except RuntimeError as e:  # a weight row too large for the bound: no screen
             logger.warning("greedy lm_head screen off, float32 logits kept: %s", e)
             return PackedLinear(linear, kernels, packed)
-        return cls(linear, kernels, packed, screen, rows)
+        head = cls(linear, kernels, packed, screen, rows)
+        logger.info(
+            "greedy lm_head: greedy rows' tokens from its %s screen (%s=0 turns it off)",
+            head.screen_kind,
+            GREEDY_HEAD_ENV,
+        )
+        return head
 
     def greedy(self, x: torch.Tensor) -> torch.Tensor:
         """``[rows]`` int64: each row's first maximal index of ``forward(x)``."""
