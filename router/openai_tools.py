@@ -205,6 +205,9 @@ def parse_tool_calls(text: str, forced: Sequence[str] = ()) -> tuple[str, list[P
     """Split finished output into its content (outside the blocks) and its tool calls. A
     block that does not parse stays in the content. ``forced``: the names a grammar forced
     (``forced_names``); then a last block cut short is a call, and never content."""
+    if forced:  # the stream's rules for a cut block, fed the whole output at once
+        whole, cut_calls = ToolCallStream(forced).feed(text, finished=True)
+        return whole.strip(), cut_calls
     calls: list[ParsedCall] = []
     content: list[str] = []
     pos = 0
@@ -215,16 +218,7 @@ def parse_tool_calls(text: str, forced: Sequence[str] = ()) -> tuple[str, list[P
         content.append(text[pos : m.start()])
         calls.append(call)
         pos = m.end()
-    rest = text[pos:]
-    if forced:
-        start = rest.find(OPEN)
-        if start < 0:  # the cut may fall inside the open tag itself
-            start = len(rest) - _partial(rest, OPEN)
-        if start < len(rest):
-            cut = _cut_call(rest[start:].removeprefix(OPEN), forced)
-            calls += [cut] if cut is not None else []
-        return ("".join(content) + rest[:start]).strip(), calls
-    content.append(rest)
+    content.append(text[pos:])
     return "".join(content).strip() if calls else text, calls
 
 

@@ -19,9 +19,10 @@
 // 1,536 panels (SmolLM2's vocabulary), so the exact pass costs a few percent of the screen.
 //
 // Where the CPU has no AVX512-BF16 (AVX2 builds; AVX-512 CPUs before Cooper Lake and Zen 4),
-// the screen is integer (greedy_screen_i16.cpp): each weight row v is stored as int16 q_v scaled by one float
-// a_v = max|W_v| / Q, each x row likewise at run time (b = max|x| / Q), and VPMADDWD sums the
-// int16 products of k pairs exactly in int32 (Q is chosen from k so that no sum can overflow):
+// the screen is integer (greedy_screen_i16.cpp): each weight row v is stored as int16 q_v
+// scaled by one float a_v = max|W_v| / Q, each x row likewise at run time (b = max|x| / Q), and
+// VPMADDWD sums the int16 products of k pairs exactly in int32 (Q is chosen from k so that no
+// sum can overflow):
 // on Zen 4 with AVX2 1.65x the multiply-adds a cycle of float32 FMAs, from half the bytes. Its
 // bound follows the same argument with the rounding measured instead of assumed:
 //
@@ -175,31 +176,17 @@ constexpr ScreenRows kScreenRows[SR + 1] = {
     &screen_rows<5>,  &screen_rows<6>,  &screen_rows<7>, &screen_rows<8>, &screen_rows<9>,
     &screen_rows<10>, &screen_rows<11>, &screen_rows<12>};
 
-// Panels [p0, p1) for every row; lo (16 floats a row) starts at -inf.
+// Panels [p0, p1) for every row; lo (W floats a row) starts at -inf.
 void screen_panels(const ScreenArgs& a, int64_t p0, int64_t p1, float* lo) {
   std::fill(lo, lo + a.m * W, -std::numeric_limits<float>::infinity());
-  // The next panel is prefetched while this one is multiplied, its lines shared out over the
-  // row blocks (one a k pair), as the float32 GEMM does (gemm.cpp): at 18 rows the screen ran
-  // 1.1-1.3x faster with it. A panel that one row block reads is left to the hardware's
-  // prefetcher where that keeps up (prefetch_single_pass).
-  const int64_t blocks = (a.m + SR - 1) / SR;
-  const int64_t lines = a.k2 * 2 * SW * 2 / 64;  // a panel's
-  const int64_t per = (lines + blocks - 1) / blocks;
-  const bool prefetch = blocks > 1 || prefetch_single_pass();
-  for (int64_t p = p0; p < p1; ++p) {
-    const char* next = reinterpret_cast<const char*>(a.screen + (p + 1) * a.k2 * 2 * SW);
-    for (int64_t r0 = 0, b = 0; r0 < a.m; r0 += SR, ++b) {
-      int n_pf = 0;
-      if (p + 1 < p1 && prefetch) n_pf = static_cast<int>(std::min(per, lines - b * per));
-      kScreenRows[std::min<int64_t>(SR, a.m - r0)](a, r0, p, lo, next + b * per * 64,
-                                                     std::min<int>(n_pf, a.k2));
-    }
-  }
+  for_screen_blocks<SR>(a.m, a.k2, a.screen, p0, p1,
+                        [&](int64_t rows, int64_t r0, int64_t p, const char* pf, int lines) {
+                          kScreenRows[rows](a, r0, p, lo, pf, lines);
+                        });
 }
 
 #pragma GCC pop_options
 #endif  // PDCPU_GREEDY_HEAD
-
 
 // The largest of `count` rows of W floats, `stride` floats apart.
 [[maybe_unused]] float max_of(const float* lo, int count, int64_t stride) {
@@ -368,12 +355,12 @@ void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16
   // Each thread's running max of s - E a row, lane by lane (-inf where a thread ran nothing: a
   // call nested in another region runs on its caller alone, n = 1).
   std::vector<float> lo(static_cast<size_t>(nt * m * W), -std::numeric_limits<float>::infinity());
-  std::vector<uint32_t> xp(static_cast<size_t>(m * k2));
-  std::vector<float> e(static_cast<size_t>(m)), tiny(static_cast<size_t>(m));
+  std::vector<uint32_t> xp(static_cast<size_t>(m * k2));  // x's pairs, bf16 or int16
   double norm = 0;
 #if PDCPU_GREEDY_HEAD
   if (kind == kGreedyBf16) {
     const double c = bound_c(k);
+    std::vector<float> e(static_cast<size_t>(m)), tiny(static_cast<size_t>(m));
     for (int64_t r = 0; r < m; ++r) {
       const float* xr = x + r * ldx;
       const bool ok = screenable(xr, k, &norm);
@@ -399,8 +386,7 @@ void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16
     const int limit = i16_limit(k);
     const double u = 0x1p-24, ku = static_cast<double>(k) * u, gamma = ku / (1 - ku);
     const double slack = 1 + 0x1p-16;
-    std::vector<float>& xs = tiny;  // each row's scale b
-    std::vector<float> beta(static_cast<size_t>(m));
+    std::vector<float> xs(static_cast<size_t>(m)), alpha(xs), beta(xs);  // b, alpha, beta
     for (int64_t r = 0; r < m; ++r) {
       const float* xr = x + r * ldx;
       const bool ok = screenable(xr, k, &norm);
@@ -412,13 +398,13 @@ void greedy_head(const float* x, int64_t m, int64_t k, int64_t ldx, const uint16
         std::fill(xp.begin() + r * k2, xp.begin() + (r + 1) * k2, 0u);
         xs[r] = 0, norm = 0;
       }
-      e[r] = float_up((gamma * norm + dev + 16 * u * qnorm) * slack);  // alpha
+      alpha[r] = float_up((gamma * norm + dev + 16 * u * qnorm) * slack);
       beta[r] = float_up(qnorm * (1 + 16 * u) * slack);
     }
     // tiny: what float32 products can lose below 2^-126 (a scale's product, then the int32 sum
     // below 2^31 times it, then E and s -/+ E), with room.
     const I16Args a{xp.data(), m,           k2,          screen,   norms,     n,          panels,
-                    xs.data(), e.data(),    beta.data(), 0x1p-94f, hi.data(), cols.data()};
+                    xs.data(), alpha.data(), beta.data(), 0x1p-94f, hi.data(), cols.data()};
     parallel(nt, [&](int t, int n_run) {
       screen_panels_i16(a, panels * t / n_run, panels * (t + 1) / n_run, lo.data() + t * m * W);
     });

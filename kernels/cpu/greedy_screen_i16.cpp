@@ -128,20 +128,10 @@ constexpr auto kScreenRowsI16 = i16_table(std::make_integer_sequence<int, SR16>{
 
 void screen_panels_i16(const I16Args& a, int64_t p0, int64_t p1, float* lo) {
   std::fill(lo, lo + a.m * W, -std::numeric_limits<float>::infinity());
-  const int64_t blocks = (a.m + SR16 - 1) / SR16;
-  const int64_t lines = a.k2 * 2 * SW * 2 / 64;
-  const int64_t per = (lines + blocks - 1) / blocks;
-  const bool prefetch = blocks > 1 || prefetch_single_pass();
-  for (int64_t p = p0; p < p1; ++p) {
-    const char* next = reinterpret_cast<const char*>(a.screen + (p + 1) * a.k2 * 2 * SW);
-    for (int64_t r0 = 0, b = 0; r0 < a.m; r0 += SR16, ++b) {
-      int n_pf = 0;
-      if (p + 1 < p1 && prefetch) n_pf = static_cast<int>(std::min(per, lines - b * per));
-      kScreenRowsI16[std::min<int64_t>(SR16, a.m - r0)](a, r0, p, lo, next + b * per * 64,
-                                                         std::min<int>(n_pf, a.k2));
-    }
-  }
+  for_screen_blocks<SR16>(a.m, a.k2, a.screen, p0, p1,
+                          [&](int64_t rows, int64_t r0, int64_t p, const char* pf, int lines) {
+                            kScreenRowsI16[rows](a, r0, p, lo, pf, lines);
+                          });
 }
-
 #endif  // PDCPU_GREEDY_I16
 }  // namespace pdcpu
