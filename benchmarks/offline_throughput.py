@@ -14,7 +14,8 @@ passes over the whole workload. Wall time counts neither the load nor the warm-u
 
 Reported per engine: median output tokens/s, pdserve's speed-up over it, the fraction of
 the compute roofline it reaches (roofline time = the workload's minimal matmul FLOPs / the
-best fp32 GEMM rate measured at the model's shapes in this run), and the fraction of the
+best fp32 GEMM rate measured at the model's shapes in this run, ``F.linear``'s or pdserve's
+packed GEMM's, whichever is faster: ``benchmarks/roofline.py``), and the fraction of the
 workload's physical floor (``benchmarks/floor.py``: prefill FLOPs at that GEMM rate plus decode
 steps x weight and KV bytes at the read bandwidth measured in the same run). Greedy outputs are
 compared with pdserve's request by request; an exact-match count is printed, divergences are
@@ -24,7 +25,7 @@ without a C++ compiler takes. ``pdserve-fp32-panels`` keeps every weight on floa
 (``PDSERVE_BF16_EXACT_WEIGHTS=0``): with ``--checkpoint-dtype bfloat16``, against ``pdserve``,
 it shows what packing bf16-exact weights as bf16 gives. ``pdserve-fp32-head`` takes greedy
 tokens from the float32 logits (``PDSERVE_CPU_GREEDY_HEAD=0``): against ``pdserve``, what the
-bf16-screened greedy lm_head gives.
+screened greedy lm_head gives.
 """
 
 from __future__ import annotations

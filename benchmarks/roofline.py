@@ -5,9 +5,12 @@ streaming read bandwidth.
 
 Prints (and with ``--out`` writes) GFLOP/s per row count ``M``: ``x[M, K] @ W[N, K].T`` over
 one decoder layer's seven projections (rate = their FLOPs over their time, from the fastest
-call of each and from the median call), and the lm_head alone. The best fastest-call layer rate
-is the roofline the benchmark compares engines against: what two cores do with no one else on
-them (other jobs share this machine, so the median call is often slower).
+call of each and from the median call), and the lm_head alone; the same layer on pdserve's
+packed GEMM too, where the compiled CPU kernels load. The best fastest-call layer rate of
+either is the roofline the benchmark compares engines against, and the floor's GEMM rate: what
+two cores do with no one else on them (other jobs share this machine, so the median call is
+often slower). Until 2026-12-07 it was ``F.linear``'s alone, which on an AVX2-only VM priced
+the floor's prefill below the rate pdserve's own prefill GEMMs ran at.
 
 The fp32 FMA peak (``benchmarks/fma_peak.py``: vector FMAs on registers alone) is printed beside
 them: the arithmetic units' own limit, which no kernel passes and pdserve's packed GEMM comes
@@ -39,43 +42,66 @@ from benchmarks.fma_peak import measure_fma_peak
 from benchmarks.workloads import model_shape
 
 
-def _time_linear(m: int, k: int, n: int, min_s: float) -> tuple[float, float, float]:
+def _time_linear(
+    m: int, k: int, n: int, min_s: float, packed: Any = None
+) -> tuple[float, float, float]:
     """(flops of one call, fastest call's seconds, median call's seconds) of ``F.linear`` at
-    [m, k] x [n, k]^T, timed call by call for ``min_s`` after a warm-up. The fastest call is
-    the machine's rate when nothing else competes for the cores; the median shows the load."""
+    [m, k] x [n, k]^T (or, given the compiled kernels as ``packed``, of their packed GEMM on the
+    same weight), timed call by call for ``min_s`` after a warm-up. The fastest call is the
+    machine's rate when nothing else competes for the cores; the median shows the load."""
     x = torch.randn(m, k, dtype=torch.float32)
     w = torch.randn(n, k, dtype=torch.float32)
+    call: Callable[[], torch.Tensor] = functools.partial(F.linear, x, w)
+    if packed is not None:
+        call = functools.partial(packed.linear, x, packed.pack_linear_weight(w), n, None)
     for _ in range(3):
-        F.linear(x, w)
+        call()
     times: list[float] = []
     start = time.perf_counter()
     while time.perf_counter() - start < min_s or len(times) < 5:
         t0 = time.perf_counter()
-        F.linear(x, w)
+        call()
         times.append(time.perf_counter() - t0)
     return 2.0 * m * k * n, min(times), statistics.median(times)
 
 
+def _layer_rates(m: int, min_s: float, packed: Any = None) -> tuple[float, float]:
+    """(fastest-call, median-call) GFLOP/s over one decoder layer's projections at M=m: their
+    FLOPs over the sum of their per-call times."""
+    flops = best_s = median_s = 0.0
+    for _, k, n in model_shape().linear_shapes():
+        f, fastest, median = _time_linear(m, k, n, min_s, packed)
+        flops += f
+        best_s += fastest
+        median_s += median
+    return flops / best_s / 1e9, flops / median_s / 1e9
+
+
 def measure_gemm(row_counts: list[int], min_s: float = 0.5) -> dict[str, Any]:
-    """GFLOP/s per row count over one decoder layer's projections (their FLOPs over the sum of
-    their per-call times), fastest-call and median-call, and the lm_head's fastest-call rate."""
+    """GFLOP/s per row count over one decoder layer's projections, fastest-call and
+    median-call, for ``F.linear`` and (when the compiled CPU kernels load) pdserve's packed
+    GEMM, and the lm_head's fastest-call rate. ``best_layer_gflops``, the roofline's and the
+    floor's GEMM rate, is the best fastest-call layer rate of either: the floor must not price
+    work slower than an engine on this machine already does it."""
+    from kernels.cpu import load
+
     shape = model_shape()
+    kernels = load()
     by_m: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
         for m in row_counts:
-            flops = best_s = median_s = 0.0
-            for _, k, n in shape.linear_shapes():
-                f, fastest, median = _time_linear(m, k, n, min_s)
-                flops += f
-                best_s += fastest
-                median_s += median
+            fastest, median = _layer_rates(m, min_s)
             lm_f, lm_fastest, _ = _time_linear(m, shape.hidden_size, shape.vocab_size, min_s)
             by_m[str(m)] = {
-                "layer_gflops": flops / best_s / 1e9,
-                "layer_gflops_median": flops / median_s / 1e9,
+                "layer_gflops": fastest,
+                "layer_gflops_median": median,
                 "lm_head_gflops": lm_f / lm_fastest / 1e9,
             }
-    best = max(v["layer_gflops"] for v in by_m.values())
+            if kernels is not None:
+                packed_fastest, packed_median = _layer_rates(m, min_s, kernels)
+                by_m[str(m)]["packed_layer_gflops"] = packed_fastest
+                by_m[str(m)]["packed_layer_gflops_median"] = packed_median
+    best = max(max(v["layer_gflops"], v.get("packed_layer_gflops", 0.0)) for v in by_m.values())
     return {"num_threads": torch.get_num_threads(), "by_m": by_m, "best_layer_gflops": best}
 
 
@@ -196,11 +222,18 @@ def main() -> None:
                     f"weights, {r['gflops']:.1f} GFLOP/s"
                 )
     for m, rates in result["by_m"].items():
+        packed = ""
+        if "packed_layer_gflops" in rates:
+            packed = (
+                f"; packed layer {rates['packed_layer_gflops']:.1f} fastest, "
+                f"{rates['packed_layer_gflops_median']:.1f} median"
+            )
         print(
             f"M={m:>4}: layer {rates['layer_gflops']:.1f} GFLOP/s fastest call, "
             f"{rates['layer_gflops_median']:.1f} median call; "
-            f"lm_head {rates['lm_head_gflops']:.1f} GFLOP/s fastest call"
+            f"lm_head {rates['lm_head_gflops']:.1f} GFLOP/s fastest call{packed}"
         )
+    print(f"roofline GEMM rate (best of the above): {result['best_layer_gflops']:.1f} GFLOP/s")
     if args.out:
         Path(args.out).write_text(json.dumps(result))
 

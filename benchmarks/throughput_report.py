@@ -101,16 +101,17 @@ def print_report(
             continue
         rates = ", ".join(
             f"M={m}: {v['layer_gflops']:.0f} ({v['layer_gflops_median']:.0f})"
+            + (f" / packed {v['packed_layer_gflops']:.0f}" if "packed_layer_gflops" in v else "")
             for m, v in g["by_m"].items()
         )
         print(
             f"fp32 GEMM at layer shapes ({g['tag']} of run, {g['num_threads']} threads), "
-            f"GFLOP/s fastest call (median call): {rates}"
+            f"GFLOP/s fastest call (median call) of F.linear / pdserve's packed GEMM: {rates}"
             + (f"; FMA peak {g['fma_gflops']:.0f}" if g.get("fma_gflops") else "")
         )
     if gemm_gflops is not None:
         print(
-            f"roofline: {gemm_gflops:.0f} GFLOP/s (best measured) -> "
+            f"roofline: {gemm_gflops:.0f} GFLOP/s (best of either) -> "
             f"{summary['roofline_s']:.1f} s, {totals['output'] / summary['roofline_s']:.1f} "
             "output tok/s"
         )

@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from engine.model_config import ModelConfig
+from engine.models.layers import RotaryEmbedding
 from engine.models.llama import LlamaForCausalLM
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -46,17 +47,20 @@ def load_model(cfg: ModelConfig, device: torch.device) -> LlamaForCausalLM:
     names = _tensor_names(files)
     has_bias = "model.layers.0.self_attn.q_proj.bias" in names
     has_qk_norm = "model.layers.0.self_attn.q_norm.weight" in names
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, has_qkv_bias=has_bias, has_qk_norm=has_qk_norm)
-    model = model.to_empty(device=device).to(cfg.dtype)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    # Rotary tables were lost by to_empty: rebuild them on the device in fp32.
-    from engine.models.layers import RotaryEmbedding
-
-    model.rotary = RotaryEmbedding(
+    # The rotary tables are computed here, on the device in float32; every other part is
+    # built on the meta device and given empty memory in the model's dtype, which the
+    # checkpoint fills below. (Built on the meta device, the tables would go through
+    # torch._refs, whose first import is ~1 s of an engine's start, only to be thrown away.)
+    rotary = RotaryEmbedding(
         cfg.inv_freq, cfg.max_position_embeddings, cfg.rope_attention_scaling
     ).to(device)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, rotary, has_qkv_bias=has_bias, has_qk_norm=has_qk_norm)
+    for child in model.children():
+        if child is not rotary:
+            child.to_empty(device=device).to(cfg.dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
 
     params = dict(model.named_parameters())
     loaded: set[str] = set()

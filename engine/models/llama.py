@@ -132,10 +132,22 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, has_qkv_bias: bool = False, has_qk_norm: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rotary: RotaryEmbedding,
+        has_qkv_bias: bool = False,
+        has_qk_norm: bool = False,
+    ):
+        """``rotary``: the position tables, built on the model's device in float32. The model
+        is built to be filled from a checkpoint (model_loader.load_model, on the meta device)."""
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # No random init for the embedding: on the meta device its normal_ runs through
+        # torch._refs, whose first import is ~1 s of an engine's start.
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, has_qkv_bias, has_qk_norm) for _ in range(cfg.num_layers)
         )
@@ -143,9 +155,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head: nn.Module = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = RotaryEmbedding(
-            cfg.inv_freq, cfg.max_position_embeddings, cfg.rope_attention_scaling
-        )
+        self.rotary = rotary
         self.kernels: Any = None
         # Every decoder layer in one compiled call (engine.models.fused_layers) when the step
         # runs on the cpu attention backend; set by use_cpu_kernels.

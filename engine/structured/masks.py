@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import llguidance
-import llguidance.hf
-import llguidance.torch
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -73,8 +71,13 @@ class GrammarMasks:
         # On this thread, one row after another (a few microseconds each): llguidance's
         # parallel executor would start threads that fight torch's spinning OpenMP workers
         # for the same cores (measured: 50x slower under load on 2 cores).
+        # Each matcher writes its row in place, as llguidance.torch.fill_next_token_bitmask
+        # does: importing that module compiles a torch.compile'd function's decorator, which
+        # pulls in torch._dynamo and inductor (2.7 s of every engine process's start, for a
+        # helper this path does not use).
+        row_bytes = mask.shape[1] * mask.element_size()
         for matcher, i in jobs:
-            llguidance.torch.fill_next_token_bitmask(matcher, mask, i)
+            matcher.unsafe_compute_mask_ptr(mask[i].data_ptr(), row_bytes)
         for (matcher, i), (_, r) in zip(jobs, wanted, strict=True):
             if matcher.is_error():  # cannot happen through the mask: end the output cleanly
                 logger.error("grammar of %s failed: %s", r.request_id, matcher.get_error())
@@ -120,6 +123,7 @@ class GrammarMasks:
 
     def _llg_tokenizer(self) -> Any:
         if self._tokenizer is None:
+            import llguidance.hf  # imports transformers: only once a grammar needs it
             from transformers import AutoTokenizer
 
             hf: Any = AutoTokenizer.from_pretrained(self._tokenizer_path)
