@@ -1,0 +1,24 @@
+"""benchmarks/startup.py times `pdserve serve` to its first 200 on /health and stops it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_times_a_colocated_server_to_health() -> None:
+    out = subprocess.run(
+        [sys.executable, "benchmarks/startup.py", "--rounds", "1", "--modes", "colocated"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    line = next(x for x in out.splitlines() if x.strip().startswith("colocated"))
+    seconds = float(re.search(r"colocated\s+(\d+\.\d+) s", line).group(1))  # type: ignore[union-attr]
+    assert 0 < seconds < 300, line
