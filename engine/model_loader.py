@@ -59,6 +59,8 @@ def load_model(cfg: ModelConfig, device: torch.device) -> LlamaForCausalLM:
     for child in model.children():
         if child is not rotary:
             child.to_empty(device=device).to(cfg.dtype)
+    on_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    assert not on_meta, f"left on the meta device: {on_meta}"  # a tensor outside the children
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
 
