@@ -72,9 +72,9 @@ class GrammarMasks:
         # parallel executor would start threads that fight torch's spinning OpenMP workers
         # for the same cores (measured: 50x slower under load on 2 cores).
         # Each matcher writes its row in place, as llguidance.torch.fill_next_token_bitmask
-        # does: importing that module compiles a torch.compile'd function's decorator, which
-        # pulls in torch._dynamo and inductor (2.7 s of every engine process's start, for a
-        # helper this path does not use).
+        # does. That module is not imported: its module-level @torch.compile pulls in
+        # torch._dynamo and inductor, 2.7 s of every engine process's start
+        # (tests/engine/test_startup_imports.py).
         row_bytes = mask.shape[1] * mask.element_size()
         for matcher, i in jobs:
             matcher.unsafe_compute_mask_ptr(mask[i].data_ptr(), row_bytes)
