@@ -43,17 +43,17 @@ from benchmarks.workloads import model_shape
 
 
 def _time_linear(
-    m: int, k: int, n: int, min_s: float, packed: Any = None
+    m: int, k: int, n: int, min_s: float, kernels: Any = None
 ) -> tuple[float, float, float]:
     """(flops of one call, fastest call's seconds, median call's seconds) of ``F.linear`` at
-    [m, k] x [n, k]^T (or, given the compiled kernels as ``packed``, of their packed GEMM on the
-    same weight), timed call by call for ``min_s`` after a warm-up. The fastest call is the
+    [m, k] x [n, k]^T (or, given the compiled CPU ``kernels``, of their packed GEMM on the same
+    weight), timed call by call for ``min_s`` after a warm-up. The fastest call is the
     machine's rate when nothing else competes for the cores; the median shows the load."""
     x = torch.randn(m, k, dtype=torch.float32)
     w = torch.randn(n, k, dtype=torch.float32)
     call: Callable[[], torch.Tensor] = functools.partial(F.linear, x, w)
-    if packed is not None:
-        call = functools.partial(packed.linear, x, packed.pack_linear_weight(w), n, None)
+    if kernels is not None:
+        call = functools.partial(kernels.linear, x, kernels.pack_linear_weight(w), n, None)
     for _ in range(3):
         call()
     times: list[float] = []
@@ -65,12 +65,12 @@ def _time_linear(
     return 2.0 * m * k * n, min(times), statistics.median(times)
 
 
-def _layer_rates(m: int, min_s: float, packed: Any = None) -> tuple[float, float]:
+def _layer_rates(m: int, min_s: float, kernels: Any = None) -> tuple[float, float]:
     """(fastest-call, median-call) GFLOP/s over one decoder layer's projections at M=m: their
     FLOPs over the sum of their per-call times."""
     flops = best_s = median_s = 0.0
     for _, k, n in model_shape().linear_shapes():
-        f, fastest, median = _time_linear(m, k, n, min_s, packed)
+        f, fastest, median = _time_linear(m, k, n, min_s, kernels)
         flops += f
         best_s += fastest
         median_s += median
