@@ -22,12 +22,14 @@ from benchmarks.ab_checkouts import alternate
 
 MODES = ("colocated", "disaggregated")
 
-# Run in the tree given as argv[1]: start each mode, time it to /health 200, stop it.
+# Run in the tree given as argv[1]: start each mode, time it to /health 200, stop it (SIGTERM,
+# then SIGKILL after 60 s).
 CHILD = """
-import json, os, signal, subprocess, sys, time, urllib.request
+import json, os, subprocess, sys, time
 tree = sys.argv[1]
 sys.path.insert(0, tree)
 from benchmarks.http_ready import wait_http_ok
+from pdserve.launch import stop_workers
 result = {}
 for mode in %(modes)r:
     flags = ["--colocated"] if mode == "colocated" else []
@@ -47,12 +49,7 @@ for mode in %(modes)r:
         wait_http_ok(url + "/health", 300, interval_s=0.05)
         result[mode + "_s"] = time.perf_counter() - t0
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_workers([proc], timeout_s=60)
 print("RESULT " + json.dumps(result))
 """
 

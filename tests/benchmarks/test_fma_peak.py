@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.fma_peak import build, measure_fma_peak
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import run_script
 
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler"
@@ -27,13 +23,7 @@ def test_probe_builds_once_and_reports_gflops() -> None:
 
 
 def test_command_line_prints_one_line_per_thread_count() -> None:
-    out = subprocess.run(
-        [sys.executable, "benchmarks/fma_peak.py", "--threads", "2", "--seconds", "0.05"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()
+    out = run_script("fma_peak.py", "--threads", "2", "--seconds", "0.05").splitlines()
     assert [line.split(":")[0] for line in out] == [
         "fp32 FMA peak, 1 thread(s)",
         "fp32 FMA peak, 2 thread(s)",

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import run_script
 
 
 def test_times_a_colocated_server_to_health() -> None:
-    out = subprocess.run(
-        [sys.executable, "benchmarks/startup.py", "--rounds", "1", "--modes", "colocated"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    ).stdout
+    out = run_script("startup.py", "--rounds", "1", "--modes", "colocated")
     line = next(x for x in out.splitlines() if x.strip().startswith("colocated"))
     seconds = float(re.search(r"colocated\s+(\d+\.\d+) s", line).group(1))  # type: ignore[union-attr]
     assert 0 < seconds < 300, line
