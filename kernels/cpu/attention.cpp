@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kMaxRows = 32;                      // rows (tokens x heads) per work item
 constexpr int kMaxTileRows = 64;                  // rows per prefill tile (run_tile)
-constexpr int kPvRows = kNumVecRegs >= 32 ? 6 : 2;  // a tile's rows per PV register block
+constexpr int kPvRows = 6;  // rows per register block of tile_pv_by_rows (AVX-512)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Item {
@@ -509,13 +509,15 @@ __attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int
       vf qv[RV];
 #pragma GCC unroll 4
       for (int v = 0; v < RV; ++v) qv[v] = load(q + v * W);
-      const vf b0 = splat(k0[c]), b1 = splat(k1[c]), b2 = splat(k2[c]), b3 = splat(k3[c]);
+      // One key's broadcast at a time: with 16 registers, 12 accumulators and 3 row vectors
+      // leave one for it (four broadcasts live at once spilled; 3 row vectors then ran 1.28x
+      // slower than 2, and 1.03x faster this way: docs/benchmarks.md, 2026-12-07).
+      const float* kj[4] = {k0, k1, k2, k3};
 #pragma GCC unroll 4
-      for (int v = 0; v < RV; ++v) {
-        acc[0][v] += qv[v] * b0;
-        acc[1][v] += qv[v] * b1;
-        acc[2][v] += qv[v] * b2;
-        acc[3][v] += qv[v] * b3;
+      for (int u = 0; u < 4; ++u) {
+        const vf b = splat(kj[u][c]);
+#pragma GCC unroll 4
+        for (int v = 0; v < RV; ++v) acc[u][v] += qv[v] * b;
       }
     }
 #pragma GCC unroll 4
@@ -527,7 +529,7 @@ __attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int
 
 inline void tile_scores(const float* Qt, int rp, int d, const float* K, int64_t ks, int nk,
                         float* St) {
-  constexpr int kRV = kNumVecRegs >= 32 ? 3 : 2;  // 4 x kRV accumulators
+  constexpr int kRV = 3;  // 4 x 3 accumulators
   const int nv = rp / W;
   int v = 0;
   for (; v + kRV <= nv; v += kRV) tile_scores_rows<kRV>(Qt, rp, d, K, ks, nk, St, v);
@@ -569,6 +571,12 @@ inline void tile_softmax(float* St, int rp, int nk, int t0, bool all_visible, Sc
   }
 }
 
+// P.V, two ways. With 32 vector registers (AVX-512), O stays in rows and a register block is 6
+// rows x 4 vectors of columns (tile_pv_by_rows). With 16 (AVX2, baseline) that block is 2 rows,
+// and O is held transposed like Q instead (tile_pv_by_columns), measured faster there; the
+// AVX-512 build keeps the form it was measured with. Both give the same bits.
+constexpr bool kPvByColumns = kNumVecRegs < 32;
+
 // O[r] = O[r] * corr[r] + sum_j P[j, r] V[j] for rows [r0, r0 + R), columns [c, c + 4W) (the
 // first `vecs` vectors of them).
 template <int R>
@@ -609,8 +617,8 @@ inline void tile_pv_vec(const float* St, int rp, int nk, const float* V, int64_t
   store(O + r * d + c, acc);
 }
 
-inline void tile_pv(const float* St, int rp, int rows, int nk, const float* V, int64_t vs,
-                    float* O, int d, const float* corr) {
+inline void tile_pv_by_rows(const float* St, int rp, int rows, int nk, const float* V,
+                            int64_t vs, float* O, int d, const float* corr) {
   int c = 0;
   for (; c + 4 * W <= d; c += 4 * W) {
     int r = 0;
@@ -620,6 +628,57 @@ inline void tile_pv(const float* St, int rp, int rows, int nk, const float* V, i
   }
   for (; c < d; c += W)
     for (int r = 0; r < rows; ++r) tile_pv_vec(St, rp, nk, V, vs, O, d, corr, r, c);
+}
+
+// With kPvByColumns the tile's output is held transposed, Ot[c * rp + r], so that P.V is the
+// scores' register block with keys and columns swapped: for four columns and RV row vectors,
+//     Ot[c, rows] = Ot[c, rows] * corr[rows] + sum_j P[j, rows] * V[j, c],
+// P's rows loaded as vectors and V's values broadcast. Every output element gets the same
+// operations in the same order as with O's rows as vectors, so the same bits. (That row-major
+// form, V's columns as vectors and P's values broadcast, took 46% of an AVX2 tile's time for
+// half its FLOPs; transposed, the tiles ran 1.07-1.12x faster: docs/benchmarks.md, 2026-12-07.)
+template <int RV>
+__attribute__((always_inline)) inline void tile_pv_cols(const float* St, int rp, int nk,
+                                                        const float* V, int64_t vs, float* Ot,
+                                                        const float* corr, int c0, int rv0) {
+  vf acc[4][RV];
+  vf f[RV];
+#pragma GCC unroll 4
+  for (int v = 0; v < RV; ++v) f[v] = load(corr + (rv0 + v) * W);
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u)
+#pragma GCC unroll 4
+    for (int v = 0; v < RV; ++v) acc[u][v] = load(Ot + (c0 + u) * rp + (rv0 + v) * W) * f[v];
+  const float* vj = V + c0;
+  const float* p = St + rv0 * W;
+  for (int j = 0; j < nk; ++j, vj += vs, p += rp) {
+    vf pv[RV];
+#pragma GCC unroll 4
+    for (int v = 0; v < RV; ++v) pv[v] = load(p + v * W);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const vf b = splat(vj[u]);
+#pragma GCC unroll 4
+      for (int v = 0; v < RV; ++v) acc[u][v] += pv[v] * b;
+    }
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u)
+#pragma GCC unroll 4
+    for (int v = 0; v < RV; ++v) store(Ot + (c0 + u) * rp + (rv0 + v) * W, acc[u][v]);
+}
+
+// Ot (d x rp) = Ot * corr + P.V over the block's nk keys (head sizes a multiple of W, so of 4).
+inline void tile_pv_by_columns(const float* St, int rp, int nk, const float* V, int64_t vs,
+                               float* Ot, int d, const float* corr) {
+  constexpr int kRV = 3;  // 4 x 3 accumulators, as tile_scores
+  const int nv = rp / W;
+  for (int c = 0; c < d; c += 4) {
+    int v = 0;
+    for (; v + kRV <= nv; v += kRV) tile_pv_cols<kRV>(St, rp, nk, V, vs, Ot, corr, c, v);
+    for (; v + 2 <= nv; v += 2) tile_pv_cols<2>(St, rp, nk, V, vs, Ot, corr, c, v);
+    if (v < nv) tile_pv_cols<1>(St, rp, nk, V, vs, Ot, corr, c, v);
+  }
 }
 
 // One prefill tile (it.h1 == it.h0 + 1; head sizes a multiple of W): run_item's walk over the
@@ -636,7 +695,7 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
   const int rp = (rows + W - 1) / W * W;
   const T* q = static_cast<const T*>(a.q);
   float* Qt = sc.q.data();
-  float* O = sc.o.data();
+  float* O = sc.o.data();  // d x rp (transposed) where kPvByColumns, else rp x d
   float* St = sc.s.data();
   int row_lo_max = 0, row_hi_min = std::numeric_limits<int>::max();
   for (int t = it.q0; t < it.q1; ++t) {
@@ -675,9 +734,18 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
     tile_scores(Qt, rp, d, K, ks, nk, St);
     tile_softmax(St, rp, nk, t0, all_visible, sc);
     const float* V = block_rows(vb, a.v_stride_slot, nk, d, sc.v.data(), &vs);
-    tile_pv(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
+    if constexpr (kPvByColumns)
+      tile_pv_by_columns(St, rp, nk, V, vs, O, d, sc.corr.data());
+    else
+      tile_pv_by_rows(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
   }
 
+  if constexpr (kPvByColumns) {  // back to rows, in Qt's buffer (the queries are done with)
+    float* rows_of_o = sc.q.data();
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < d; ++c) rows_of_o[r * d + c] = O[c * rp + r];
+    O = rows_of_o;
+  }
   finish_item<T>(a, it, O, sc.m.data(), sc.l.data(), rows, partial);
 }
 
