@@ -487,6 +487,25 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
 // rows are one vector, so the dot products need no horizontal sums and the softmax's max, exp
 // and sums run over rows in vectors.
 
+// One step of the tiles' register blocks (tile_scores_rows, tile_pv_cols): acc[u][v] +=
+// x[v * W ...] * s(u) for RV row vectors at x and four values s(0..3), broadcast one at a time:
+// with 16 registers, 12 accumulators and 3 row vectors leave one for it (four broadcasts live at
+// once spilled, and 4 x 3 then ran 1.28x slower than 4 x 2; one at a time, 1.03x faster:
+// docs/benchmarks.md, 2026-12-07).
+template <int RV, typename Values>
+__attribute__((always_inline)) inline void tile_step(vf (&acc)[4][RV], const float* x,
+                                                     Values s) {
+  vf xv[RV];
+#pragma GCC unroll 4
+  for (int v = 0; v < RV; ++v) xv[v] = load(x + v * W);
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u) {
+    const vf b = splat(s(u));
+#pragma GCC unroll 4
+    for (int v = 0; v < RV; ++v) acc[u][v] += xv[v] * b;
+  }
+}
+
 // St[j, rows rv0 * W ...] for keys [0, nk) of K (rows at stride ks), four keys at a time (keys
 // past nk repeat the last one; their columns are never read), RV row vectors per pass.
 template <int RV>
@@ -494,10 +513,8 @@ __attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int
                                                             const float* K, int64_t ks, int nk,
                                                             float* St, int rv0) {
   for (int j = 0; j < nk; j += 4) {
-    const float* k0 = K + j * ks;
-    const float* k1 = K + std::min(j + 1, nk - 1) * ks;
-    const float* k2 = K + std::min(j + 2, nk - 1) * ks;
-    const float* k3 = K + std::min(j + 3, nk - 1) * ks;
+    const float* kj[4] = {K + j * ks, K + std::min(j + 1, nk - 1) * ks,
+                          K + std::min(j + 2, nk - 1) * ks, K + std::min(j + 3, nk - 1) * ks};
     vf acc[4][RV];
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u)
@@ -505,21 +522,8 @@ __attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int
       for (int v = 0; v < RV; ++v) acc[u][v] = vf{};
     const float* q = Qt + rv0 * W;
 #pragma GCC unroll 4
-    for (int c = 0; c < d; ++c, q += rp) {
-      vf qv[RV];
-#pragma GCC unroll 4
-      for (int v = 0; v < RV; ++v) qv[v] = load(q + v * W);
-      // One key's broadcast at a time: with 16 registers, 12 accumulators and 3 row vectors
-      // leave one for it (four broadcasts live at once spilled; 3 row vectors then ran 1.28x
-      // slower than 2, and 1.03x faster this way: docs/benchmarks.md, 2026-12-07).
-      const float* kj[4] = {k0, k1, k2, k3};
-#pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) {
-        const vf b = splat(kj[u][c]);
-#pragma GCC unroll 4
-        for (int v = 0; v < RV; ++v) acc[u][v] += qv[v] * b;
-      }
-    }
+    for (int c = 0; c < d; ++c, q += rp)
+      tile_step<RV>(acc, q, [&](int u) { return kj[u][c]; });
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u)
 #pragma GCC unroll 4
@@ -636,7 +640,8 @@ inline void tile_pv_by_rows(const float* St, int rp, int rows, int nk, const flo
 // P's rows loaded as vectors and V's values broadcast. Every output element gets the same
 // operations in the same order as with O's rows as vectors, so the same bits. (That row-major
 // form, V's columns as vectors and P's values broadcast, took 46% of an AVX2 tile's time for
-// half its FLOPs; transposed, the tiles ran 1.07-1.12x faster: docs/benchmarks.md, 2026-12-07.)
+// half its FLOPs; with this form and 4 x 3 blocks here and in the scores, the tiles ran
+// 1.15-1.19x faster: docs/benchmarks.md, 2026-12-07.)
 template <int RV>
 __attribute__((always_inline)) inline void tile_pv_cols(const float* St, int rp, int nk,
                                                         const float* V, int64_t vs, float* Ot,
@@ -651,17 +656,8 @@ __attribute__((always_inline)) inline void tile_pv_cols(const float* St, int rp,
     for (int v = 0; v < RV; ++v) acc[u][v] = load(Ot + (c0 + u) * rp + (rv0 + v) * W) * f[v];
   const float* vj = V + c0;
   const float* p = St + rv0 * W;
-  for (int j = 0; j < nk; ++j, vj += vs, p += rp) {
-    vf pv[RV];
-#pragma GCC unroll 4
-    for (int v = 0; v < RV; ++v) pv[v] = load(p + v * W);
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) {
-      const vf b = splat(vj[u]);
-#pragma GCC unroll 4
-      for (int v = 0; v < RV; ++v) acc[u][v] += pv[v] * b;
-    }
-  }
+  for (int j = 0; j < nk; ++j, vj += vs, p += rp)
+    tile_step<RV>(acc, p, [&](int u) { return vj[u]; });
 #pragma GCC unroll 4
   for (int u = 0; u < 4; ++u)
 #pragma GCC unroll 4
