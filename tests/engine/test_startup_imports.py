@@ -6,15 +6,10 @@ request. A fresh interpreter, since the test process has imported everything alr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
+from tests.child_python import run_python
 from tests.conftest import TINY_ARCHS
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, sys
@@ -37,14 +32,7 @@ print("RESULT " + json.dumps({"heavy": heavy, "text": out.text}))
 
 def test_an_engine_with_a_grammar_imports_no_compiler(model_factory: Any) -> None:
     folder = model_factory("llama", **TINY_ARCHS["llama"])
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(folder)],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_python(CHILD, str(folder), timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])

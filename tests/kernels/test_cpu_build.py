@@ -4,32 +4,14 @@ and the fallbacks to the torch path (kernels disabled, no compiler), each in a f
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
 import kernels.cpu as cpu
+from tests.child_python import run_python
 from tests.kernels.cpu_ops import cpu_ops
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_build_key_tracks_sources_flags_isa(tmp_path, monkeypatch):
@@ -176,20 +158,11 @@ def test_failed_build_is_logged_and_not_retried(tmp_path):
     """A build that fails leaves its compiler output in the cache folder and the torch path;
     the next process does not compile the same failing sources again."""
     cpu_ops()
-    env = {"PDSERVE_KERNEL_CACHE": str(tmp_path / "cache")}
-    code = textwrap.dedent(BROKEN_BUILD)
-    runs = []
-    for _ in range(2):
-        runs.append(
-            subprocess.run(
-                [sys.executable, "-c", code, str(tmp_path / "src")],
-                env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-        )
+    cache = str(tmp_path / "cache")
+    runs = [
+        run_python(BROKEN_BUILD, str(tmp_path / "src"), PDSERVE_KERNEL_CACHE=cache)
+        for _ in range(2)
+    ]
     for r in runs:
         assert r.returncode == 0 and "loaded False" in r.stdout, r.stderr
     logs = list((tmp_path / "cache").glob("*/build-error.log"))

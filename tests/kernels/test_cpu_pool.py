@@ -8,17 +8,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.child_python import run_python
 from tests.kernels.cpu_ops import cpu_ops
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Packed linears of several shapes against float64; prints the worst error and the pool state.
 _CHECK = """
@@ -34,18 +31,6 @@ for m, k, n in [(1, 576, 960), (18, 576, 3072), (33, 100, 37), (400, 96, 50)]:
     worst = max(worst, (got.double() - F.linear(x.double(), w.double())).abs().max().item())
 print(worst, *ops.pool_state())
 """
-
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.mark.parametrize("spin_us", ["0", "200", "5000"])
