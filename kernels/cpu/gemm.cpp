@@ -299,6 +299,20 @@ int64_t* tile_units_of(int64_t units) {
   return list.data();
 }
 
+// Rows of row block rb when `rows` rows are cut into `blocks` blocks of at most MR: as even
+// as they go, the larger ones last (18 rows on AVX2: 6 + 6 + 6; 20: 5 + 5 + 5 + 5, not
+// 6 + 6 + 6 + 2). A block of R rows keeps 2R accumulators, each one FMA chain over k, so below
+// 4 rows a k waits on the FMA's latency (4 cycles on Zen 4) instead of its throughput (R
+// cycles at two a cycle): a remainder of 1-3 rows cost as much as 4, or more than a whole
+// block of 6 does per row. Each row's sums are the same chain whatever block it lands in, so
+// the bits do not change. The 30 layers' GEMMs at 2 threads on the Zen 4 VM (AVX2): 1.18x at
+// 7 rows, 1.09x at 8, 1.11x at 13, 1.12x at 14, 1.11x at 19, 1.05x at 20, 1.07x at 31; the
+// same at 16, 18 and 24 (docs/benchmarks.md, 2026-12-07, twenty-second session).
+inline int block_rows(int64_t rows, int64_t blocks, int64_t rb) {
+  const int64_t even = rows / blocks;
+  return static_cast<int>(even + (rb >= blocks - rows % blocks ? 1 : 0));
+}
+
 template <typename Out>
 void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
                 int num_threads) {
@@ -389,8 +403,8 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
             const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
             const int64_t blocks = (m1 - m0 + MR - 1) / MR;
             const int64_t per = (lines + blocks - 1) / blocks;
-            for (int64_t r = m0, rb = 0; r < m1; r += MR, ++rb) {
-              const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - r));
+            for (int64_t r = m0, rb = 0; r < m1; r += block_rows(m1 - m0, blocks, rb), ++rb) {
+              const int rows = block_rows(m1 - m0, blocks, rb);
               const int64_t first_line = std::min(lines, rb * per);
               const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
               // A float32 slice is two lines a k, so a call of one row block (m <= MR) that

@@ -62,6 +62,27 @@ def test_linear_same_bits_for_any_thread_count(m, k, n):
     torch.testing.assert_close(got[0].double(), exact, atol=3e-6 * k**0.5 * 4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_linear_rows_same_bits_in_any_batch(bf16):
+    """A row's result does not depend on how many rows the call has: the call's rows are cut
+    into row blocks as evenly as they go (20 rows on AVX2 as 5 + 5 + 5 + 5), and every row's
+    sums are the same chain of multiply-adds whichever block it lands in. Every row count up to
+    a few blocks, so every remainder and both tile and no-tile calls, plain and with SiLU, on
+    float32 and bf16 panels."""
+    ops = cpu_ops()
+    k, n, inter = 200, 70, 32  # inter: whole panels on AVX2 and AVX-512, so one fused pass
+    x, b = torch.randn(60, k), torch.randn(n)
+    # bf16 panels take weights bf16 holds exactly
+    w, w_gu = (torch.randn(r, k).bfloat16().float() for r in (n, 2 * inter))
+    packed = ops.pack_linear_weight(w, bf16)
+    packed_gu = ops.pack_linear_weight(w_gu, bf16)
+    full = ops.linear(x, packed, n, b)
+    full_gu = ops.linear_silu_mul(x, packed_gu, inter)
+    for m in range(1, 60):
+        assert torch.equal(ops.linear(x[:m], packed, n, b), full[:m]), m
+        assert torch.equal(ops.linear_silu_mul(x[:m], packed_gu, inter), full_gu[:m]), m
+
+
 def test_linear_strided_rows_and_bad_packing():
     ops = cpu_ops()
     w = torch.randn(20, 30)
