@@ -383,6 +383,25 @@ void prefetch_first_block(const PagedAttentionArgs& a, const Item& it) {
   keys.prefetch_next(a, keys.first_block - 1, span);
 }
 
+// Prefetches a tile's queries: each of its tokens' rows of the tile's query heads (contiguous in
+// q). Claimed next and fetched while the tile before it runs, they are in L2 when the tile
+// transposes them: on the offline workload's first prefill chunk (1,938 tokens of 10 prompts
+// from position 0, a q and an output per layer), the 30 layers' attention 1.03x with the
+// vectorised transposes, 1.15x over neither (docs/benchmarks.md, 2026-12-07, twenty-second
+// session).
+template <typename T>
+void prefetch_tile_queries(const PagedAttentionArgs& a, const Item& it) {
+  const int group = a.num_heads / a.num_kv_heads;
+  const int q_start = a.query_start_loc[it.seq];
+  const int64_t bytes =
+      ((it.g1 - it.g0 - 1) * a.q_stride_head + a.head_dim) * static_cast<int64_t>(sizeof(T));
+  const T* first = static_cast<const T*>(a.q) + (it.h0 * group + it.g0) * a.q_stride_head;
+  for (int t = it.q0; t < it.q1; ++t) {
+    const char* row = reinterpret_cast<const char*>(first + (q_start + t) * a.q_stride_token);
+    for (int64_t b = 0; b < bytes; b += 64) prefetch_l2(row + b);
+  }
+}
+
 // An item's result: normalised rows to the output, or (split-KV part) its unnormalised rows
 // followed by each row's running max and sum.
 template <typename T>
@@ -486,6 +505,71 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
 // held transposed, Qt[c * rp + r], and scores likewise, St[j * rp + r]: a key's scores for W
 // rows are one vector, so the dot products need no horizontal sums and the softmax's max, exp
 // and sums run over rows in vectors.
+
+// 8 x 8 blocks of floats transposed in registers (AVX2 and AVX-512 builds; rp and head sizes
+// that tiles take are multiples of W, so of 8): the tile's Q goes in transposed and its O comes
+// out to rows this way. Written one float at a time, those two passes and the output's writes
+// took ~27% of a tile's time on the offline workload's short prompts (scattered stores 256
+// bytes apart; docs/benchmarks.md, 2026-12-07, twenty-second session).
+#if defined(__AVX__)
+constexpr bool kTranspose8 = true;
+// rows[i] = column i of the 8 x 8 block whose row j was rows[j].
+inline void transpose8(__m256 (&v)[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  v[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  v[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  v[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  v[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  v[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  v[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  v[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  v[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+#else
+constexpr bool kTranspose8 = false;
+#endif
+
+// Qt[c * rp + r0 + i] = src[i][c] * scale for 8 rows (float32 queries), all d columns.
+inline void q_rows_transposed(const float* const* src, float scale, int d, float* Qt, int rp,
+                              int r0) {
+#if defined(__AVX__)
+  const __m256 f = _mm256_set1_ps(scale);
+  for (int c = 0; c < d; c += 8) {
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) v[i] = _mm256_mul_ps(_mm256_loadu_ps(src[i] + c), f);
+    transpose8(v);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(Qt + (c + i) * rp + r0, v[i]);
+  }
+#else
+  for (int i = 0; i < 8; ++i)
+    for (int c = 0; c < d; ++c) Qt[c * rp + r0 + i] = src[i][c] * scale;
+#endif
+}
+
+// dst[i][c] = Ot[c * rp + r0 + i] * inv[i] for 8 rows, all d columns: a transposed tile's
+// output rows, normalised, written where they go (float32 output).
+inline void o_rows_from_transposed(const float* Ot, int rp, int r0, int d, const float* inv,
+                                   float* const* dst) {
+#if defined(__AVX__)
+  for (int c = 0; c < d; c += 8) {
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(Ot + (c + i) * rp + r0);
+    transpose8(v);
+    for (int i = 0; i < 8; ++i)
+      _mm256_storeu_ps(dst[i] + c, _mm256_mul_ps(v[i], _mm256_set1_ps(inv[i])));
+  }
+#else
+  for (int i = 0; i < 8; ++i)
+    for (int c = 0; c < d; ++c) dst[i][c] = Ot[c * rp + r0 + i] * inv[i];
+#endif
+}
 
 // One step of the tiles' register blocks (tile_scores_rows, tile_pv_cols): acc[u][v] +=
 // x[v * W ...] * s(u) for RV row vectors at x and four values s(0..3), broadcast one at a time:
@@ -693,6 +777,10 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
   float* Qt = sc.q.data();
   float* O = sc.o.data();  // d x rp (transposed) where kPvByColumns, else rp x d
   float* St = sc.s.data();
+  // Float32 queries go in 8 rows at a time (q_rows_transposed), the rest one float at a time.
+  constexpr bool kFast = kTranspose8 && std::is_same_v<T, float>;
+  const int rows8 = kFast ? rows / 8 * 8 : 0;
+  const T* src_of[kMaxTileRows];
   int row_lo_max = 0, row_hi_min = std::numeric_limits<int>::max();
   for (int t = it.q0; t < it.q1; ++t) {
     const int pos = ctx + t;
@@ -700,13 +788,17 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
     for (int g = it.g0; g < it.g1; ++g) {
       const int r = (t - it.q0) * heads + (g - it.g0);
       const T* src = q + (q_start + t) * a.q_stride_token + (it.h0 * group + g) * a.q_stride_head;
-      for (int c = 0; c < d; ++c) Qt[c * rp + r] = to_float(src[c]) * a.scale;
+      src_of[r] = src;
+      if (r >= rows8)
+        for (int c = 0; c < d; ++c) Qt[c * rp + r] = to_float(src[c]) * a.scale;
       sc.flo[r] = static_cast<float>(lo);
       sc.fhi[r] = static_cast<float>(pos + 1);
     }
     row_lo_max = std::max(row_lo_max, lo);
     row_hi_min = std::min(row_hi_min, pos + 1);
   }
+  if constexpr (kFast)
+    for (int r = 0; r < rows8; r += 8) q_rows_transposed(src_of + r, a.scale, d, Qt, rp, r);
   for (int r = rows; r < rp; ++r) {  // padding rows: zero queries that see every key
     for (int c = 0; c < d; ++c) Qt[c * rp + r] = 0.0f;
     sc.flo[r] = 0.0f;
@@ -736,6 +828,27 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
       tile_pv_by_rows(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
   }
 
+  if constexpr (kPvByColumns && kFast) {
+    // Normalised and written out 8 rows at a time, straight from the transposed O; the last
+    // rows (and a split-KV part's rows, which go out unnormalised) one float at a time.
+    if (partial == nullptr) {
+      T* out = static_cast<T*>(a.out);
+      float* dst_of[kMaxTileRows];
+      float inv[kMaxTileRows];
+      for (int t = it.q0; t < it.q1; ++t)
+        for (int g = it.g0; g < it.g1; ++g) {
+          const int r = (t - it.q0) * heads + (g - it.g0);
+          dst_of[r] = out + (q_start + t) * a.out_stride_token +
+                      (it.h0 * group + g) * a.out_stride_head;
+          inv[r] = 1.0f / sc.l[r];
+        }
+      for (int r = 0; r < rows8; r += 8)
+        o_rows_from_transposed(O, rp, r, d, inv + r, dst_of + r);
+      for (int r = rows8; r < rows; ++r)
+        for (int c = 0; c < d; ++c) dst_of[r][c] = O[c * rp + r] * inv[r];
+      return;
+    }
+  }
   if constexpr (kPvByColumns) {  // back to rows, in Qt's buffer (the queries are done with)
     float* rows_of_o = sc.q.data();
     for (int r = 0; r < rows; ++r)
@@ -896,9 +1009,11 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
     Scratch& sc = thread_scratch(a.head_dim, ld, a.block_size);
     // A thread prefetches the first block of the item it claimed next while it runs the
     // current one: within an item every block is prefetched while the one before it is worked
-    // on, and this covers the first one too.
+    // on, and this covers the first one too. A tile's next tile gets its queries prefetched
+    // instead (its first block measured no better).
     queue.drain(0, [&](int64_t i, int64_t following) {
       if (following < n && !items[following].tile) prefetch_first_block<T>(a, items[following]);
+      if (following < n && items[following].tile) prefetch_tile_queries<T>(a, items[following]);
       const Item& it = items[i];
       float* part = it.part < 0 ? nullptr : partial.data() + it.part * stride;
       if (it.tile)
