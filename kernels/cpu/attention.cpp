@@ -383,25 +383,6 @@ void prefetch_first_block(const PagedAttentionArgs& a, const Item& it) {
   keys.prefetch_next(a, keys.first_block - 1, span);
 }
 
-// Prefetches a tile's queries: each of its tokens' rows of the tile's query heads (contiguous in
-// q). Claimed next and fetched while the tile before it runs, they are in L2 when the tile
-// transposes them: on the offline workload's first prefill chunk (1,938 tokens of 10 prompts
-// from position 0, a q and an output per layer), the 30 layers' attention 1.03x with the
-// vectorised transposes, 1.15x over neither (docs/benchmarks.md, 2026-12-07, twenty-second
-// session).
-template <typename T>
-void prefetch_tile_queries(const PagedAttentionArgs& a, const Item& it) {
-  const int group = a.num_heads / a.num_kv_heads;
-  const int q_start = a.query_start_loc[it.seq];
-  const int64_t bytes =
-      ((it.g1 - it.g0 - 1) * a.q_stride_head + a.head_dim) * static_cast<int64_t>(sizeof(T));
-  const T* first = static_cast<const T*>(a.q) + (it.h0 * group + it.g0) * a.q_stride_head;
-  for (int t = it.q0; t < it.q1; ++t) {
-    const char* row = reinterpret_cast<const char*>(first + (q_start + t) * a.q_stride_token);
-    for (int64_t b = 0; b < bytes; b += 64) prefetch_l2(row + b);
-  }
-}
-
 // An item's result: normalised rows to the output, or (split-KV part) its unnormalised rows
 // followed by each row's running max and sum.
 template <typename T>
@@ -508,9 +489,11 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
 
 // 8 x 8 blocks of floats transposed in registers (AVX2 and AVX-512 builds; rp and head sizes
 // that tiles take are multiples of W, so of 8): the tile's Q goes in transposed and its O comes
-// out to rows this way. Written one float at a time, those two passes and the output's writes
-// took ~27% of a tile's time on the offline workload's short prompts (scattered stores 256
-// bytes apart; docs/benchmarks.md, 2026-12-07, twenty-second session).
+// out to its rows this way. One float at a time (stores 4 * rp bytes apart), Q's pass, O's
+// pass back and the output's writes were 27% of the tiles' time on the offline workload's
+// first prefill chunk (measured by leaving each out); 8 x 8 at a time the 30 layers' attention
+// ran 1.10x faster on one 2,048-token chunk and 1.12x on that chunk, with the same bits
+// (docs/benchmarks.md, 2026-12-07, twenty-second session).
 #if defined(__AVX__)
 constexpr bool kTranspose8 = true;
 // rows[i] = column i of the 8 x 8 block whose row j was rows[j].
@@ -1009,11 +992,11 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
     Scratch& sc = thread_scratch(a.head_dim, ld, a.block_size);
     // A thread prefetches the first block of the item it claimed next while it runs the
     // current one: within an item every block is prefetched while the one before it is worked
-    // on, and this covers the first one too. A tile's next tile gets its queries prefetched
-    // instead (its first block measured no better).
+    // on, and this covers the first one too. (A tile's next tile's queries, prefetched so:
+    // 1.03x on the offline workload's first chunk once, then 1.00x, and 0.96x on one
+    // 2,048-token chunk; not kept.)
     queue.drain(0, [&](int64_t i, int64_t following) {
       if (following < n && !items[following].tile) prefetch_first_block<T>(a, items[following]);
-      if (following < n && items[following].tile) prefetch_tile_queries<T>(a, items[following]);
       const Item& it = items[i];
       float* part = it.part < 0 ? nullptr : partial.data() + it.part * stride;
       if (it.tile)
