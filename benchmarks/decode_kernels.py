@@ -1,12 +1,13 @@
 """One decode step's attention and GEMMs in the compiled CPU kernels: this checkout against others.
 
     python benchmarks/decode_kernels.py [--against /path/to/other/worktree ...] [--rounds 2]
+                                        [--seqs 18]
 
-The offline benchmark's decode step, SmolLM2-135M's shape: 18 requests with 32-640 tokens of
-context (seed 0), block size 16, blocks shuffled in a block-major pool that the checkout's own
+The offline benchmark's decode step, SmolLM2-135M's shape: 18 requests (``--seqs``) with 32-640
+tokens of context (seed 0), block size 16, blocks shuffled in a block-major pool that the checkout's own
 ``engine.kv_cache.KVCache`` allocates (so how a checkout lays out its pool's memory is part of
 what is measured); ``paged_attention`` over the 30 layers, then the 30 layers' four GEMMs and the
-lm_head at 18 rows through the checkout's own ``PackedLinear`` (random weights, packed into one
+lm_head at as many rows (18) through the checkout's own ``PackedLinear`` (random weights, packed into one
 buffer as the engine packs them). Each checkout runs in its own subprocess, taking turns
 ``--rounds`` times (``benchmarks/ab_checkouts.py``); per checkout the median of its rounds'
 medians (15 passes each). Also prints the read bandwidth a multi-threaded ``sum`` over 512 MB
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.ab_checkouts import alternate
 from benchmarks.workloads import model_shape
 
-SEQS, CONTEXT, BLOCK, PASSES = 18, (32, 640), 16, 15
+CONTEXT, BLOCK, PASSES = (32, 640), 16, 15
 
 # Runs in the subprocess, with the checkout's root first on sys.path.
 CHILD = """
@@ -117,7 +118,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", type=Path, action="append", default=[])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seqs", type=int, default=18, help="decode requests (rows) in the step")
     args = parser.parse_args(argv)
+    seqs = args.seqs
     s = model_shape()
     dims = (
         s.num_hidden_layers,
@@ -128,17 +131,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         s.intermediate_size,
         s.vocab_size,
     )
-    code = CHILD.format(shape=dims, seqs=SEQS, context=CONTEXT, block=BLOCK, passes=PASSES)
+    code = CHILD.format(shape=dims, seqs=seqs, context=CONTEXT, block=BLOCK, passes=PASSES)
     here = Path(__file__).resolve().parent.parent
     trees = [here, *[p.resolve() for p in args.against]]
     medians = {str(t): m for t, m in alternate(trees, code, args.rounds).items()}
 
     rng = random.Random(0)
-    positions = sum(rng.randint(*CONTEXT) + 1 for _ in range(SEQS))
+    positions = sum(rng.randint(*CONTEXT) + 1 for _ in range(seqs))
     kv_bytes = positions * 2 * s.num_key_value_heads * s.head_dim * 4 * s.num_hidden_layers
-    gemm_flops = 2 * SEQS * s.params_in_linear_layers
-    head_flops = 2 * SEQS * s.lm_head_params
-    print(f"decode step: {SEQS} requests, {positions} positions, K/V {kv_bytes / 1e6:.0f} MB")
+    gemm_flops = 2 * seqs * s.params_in_linear_layers
+    head_flops = 2 * seqs * s.lm_head_params
+    print(f"decode step: {seqs} requests, {positions} positions, K/V {kv_bytes / 1e6:.0f} MB")
     base = medians[str(here)]
     for t in trees:
         m = medians[str(t)]
