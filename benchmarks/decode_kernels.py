@@ -4,18 +4,18 @@
                                         [--seqs 18]
 
 The offline benchmark's decode step, SmolLM2-135M's shape: 18 requests (``--seqs``) with 32-640
-tokens of context (seed 0), block size 16, blocks shuffled in a block-major pool that the checkout's own
-``engine.kv_cache.KVCache`` allocates (so how a checkout lays out its pool's memory is part of
-what is measured); ``paged_attention`` over the 30 layers, then the 30 layers' four GEMMs and the
-lm_head at as many rows (18) through the checkout's own ``PackedLinear`` (random weights, packed into one
-buffer as the engine packs them). Each checkout runs in its own subprocess, taking turns
-``--rounds`` times (``benchmarks/ab_checkouts.py``); per checkout the median of its rounds'
-medians (15 passes each). Also prints the read bandwidth a multi-threaded ``sum`` over 512 MB
-reaches in the same process, and the attention's time over reading its K/V once at that rate.
-Beside it, the same 30 calls on the first layer's K/V alone, which stays in the caches between
-calls where they hold it (one layer's is ~9 MB): the part of the attention's time that is
-arithmetic and cache hits, not waiting on memory. (What streaming the weights costs the GEMMs:
-``benchmarks/gemm_sources.py``.)
+tokens of context (seed 0), block size 16, blocks shuffled in a block-major pool that the
+checkout's own ``engine.kv_cache.KVCache`` allocates (so how a checkout lays out its pool's memory
+is part of what is measured); ``paged_attention`` over the 30 layers, then the 30 layers' four
+GEMMs and the lm_head at as many rows (18) through the checkout's own ``PackedLinear`` (random
+weights, packed into one buffer as the engine packs them). Each checkout runs in its own
+subprocess, taking turns ``--rounds`` times (``benchmarks/ab_checkouts.py``); per checkout the
+median of its rounds' medians (15 passes each). Also prints the read bandwidth a multi-threaded
+``sum`` over 512 MB reaches in the same process, and the attention's time over reading its K/V once
+at that rate. Beside it, the same 30 calls on the first layer's K/V alone, which stays in the
+caches between calls where they hold it (one layer's is ~9 MB): the part of the attention's time
+that is arithmetic and cache hits, not waiting on memory. (What streaming the weights costs the
+GEMMs: ``benchmarks/gemm_sources.py``.)
 
 ``--against`` is another working tree, e.g. ``git worktree add /tmp/base <commit>``.
 """
