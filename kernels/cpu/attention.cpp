@@ -327,19 +327,24 @@ inline void online_softmax(float* S, int ld, int rows, int nk, int t0, bool all_
 // One work item: rows = KV heads [h0, h1) x tokens [q0, q1) x query heads [g0, g1) of each
 // group. Per block, every KV head's slice is read once (a block's K or V for all the item's
 // heads is one contiguous span when the item covers every head).
+// Where the output row of token t (of the item's request) and query head g of KV head h goes.
+template <typename T>
+T* out_row(const PagedAttentionArgs& a, const Item& it, int h, int t, int g) {
+  const int group = a.num_heads / a.num_kv_heads;
+  return static_cast<T*>(a.out) + (a.query_start_loc[it.seq] + t) * a.out_stride_token +
+         (h * group + g) * a.out_stride_head;
+}
+
 // Writes rows' O / l to the output (row order as in run_item).
 template <typename T>
 void write_rows(const PagedAttentionArgs& a, const Item& it, const float* O, const float* l,
                 int d) {
-  const int group = a.num_heads / a.num_kv_heads;
-  const int q_start = a.query_start_loc[it.seq];
   const int heads = it.g1 - it.g0, per_head = (it.q1 - it.q0) * heads;
-  T* out = static_cast<T*>(a.out);
   for (int h = it.h0; h < it.h1; ++h)
     for (int t = it.q0; t < it.q1; ++t)
       for (int g = it.g0; g < it.g1; ++g) {
         const int r = (h - it.h0) * per_head + (t - it.q0) * heads + (g - it.g0);
-        T* dst = out + (q_start + t) * a.out_stride_token + (h * group + g) * a.out_stride_head;
+        T* dst = out_row<T>(a, it, h, t, g);
         const float inv = 1.0f / l[r];
         for (int c = 0; c < d; ++c) dst[c] = from_float<T>(O[r * d + c] * inv);
       }
@@ -487,16 +492,15 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
 // rows are one vector, so the dot products need no horizontal sums and the softmax's max, exp
 // and sums run over rows in vectors.
 
-// 8 x 8 blocks of floats transposed in registers (AVX2 and AVX-512 builds; rp and head sizes
-// that tiles take are multiples of W, so of 8): the tile's Q goes in transposed and its O comes
-// out to its rows this way. One float at a time (stores 4 * rp bytes apart), Q's pass, O's
-// pass back and the output's writes were 27% of the tiles' time on the offline workload's
-// first prefill chunk (measured by leaving each out); 8 x 8 at a time the 30 layers' attention
-// ran 1.10x faster on one 2,048-token chunk and 1.12x on that chunk, with the same bits
-// (docs/benchmarks.md, 2026-12-07, twenty-second session).
+// A tile's Q goes in transposed and its O comes out to its rows 8 rows at a time: float32 ones
+// as 8 x 8 blocks transposed in registers (AVX2 and AVX-512 builds; rp and head sizes that tiles
+// take are multiples of W, so of 8), the others one value at a time. One float at a time
+// (stores 4 * rp bytes apart), Q's pass, O's pass back and the output's writes were 27% of the
+// tiles' time on the offline workload's first prefill chunk (measured by leaving each out); 8 x
+// 8 at a time the 30 layers' attention ran 1.10x faster on one 2,048-token chunk and 1.12x on
+// that chunk, with the same bits (docs/benchmarks.md, 2026-12-07, twenty-second session).
 #if defined(__AVX__)
-constexpr bool kTranspose8 = true;
-// rows[i] = column i of the 8 x 8 block whose row j was rows[j].
+// v[i] = column i of the 8 x 8 block whose row j was v[j].
 inline void transpose8(__m256 (&v)[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
   const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
@@ -515,43 +519,51 @@ inline void transpose8(__m256 (&v)[8]) {
   v[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
   v[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
-#else
-constexpr bool kTranspose8 = false;
 #endif
 
-// Qt[c * rp + r0 + i] = src[i][c] * scale for 8 rows (float32 queries), all d columns.
-inline void q_rows_transposed(const float* const* src, float scale, int d, float* Qt, int rp,
+// Qt[c * rp + r0 + i] = src[i][c] * scale for n <= 8 rows, all d columns.
+template <typename T>
+inline void q_rows_transposed(const T* const* src, int n, float scale, int d, float* Qt, int rp,
                               int r0) {
 #if defined(__AVX__)
-  const __m256 f = _mm256_set1_ps(scale);
-  for (int c = 0; c < d; c += 8) {
-    __m256 v[8];
-    for (int i = 0; i < 8; ++i) v[i] = _mm256_mul_ps(_mm256_loadu_ps(src[i] + c), f);
-    transpose8(v);
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(Qt + (c + i) * rp + r0, v[i]);
+  if constexpr (std::is_same_v<T, float>) {
+    if (n == 8) {
+      const __m256 f = _mm256_set1_ps(scale);
+      for (int c = 0; c < d; c += 8) {
+        __m256 v[8];
+        for (int i = 0; i < 8; ++i) v[i] = _mm256_mul_ps(_mm256_loadu_ps(src[i] + c), f);
+        transpose8(v);
+        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(Qt + (c + i) * rp + r0, v[i]);
+      }
+      return;
+    }
   }
-#else
-  for (int i = 0; i < 8; ++i)
-    for (int c = 0; c < d; ++c) Qt[c * rp + r0 + i] = src[i][c] * scale;
 #endif
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) Qt[c * rp + r0 + i] = to_float(src[i][c]) * scale;
 }
 
-// dst[i][c] = Ot[c * rp + r0 + i] * inv[i] for 8 rows, all d columns: a transposed tile's
-// output rows, normalised, written where they go (float32 output).
-inline void o_rows_from_transposed(const float* Ot, int rp, int r0, int d, const float* inv,
-                                   float* const* dst) {
+// dst[i][c] = Ot[c * rp + r0 + i] * inv[i] for n <= 8 rows, all d columns: a transposed tile's
+// output rows, normalised, written where they go.
+template <typename T>
+inline void o_rows_from_transposed(const float* Ot, int rp, int r0, int n, int d,
+                                   const float* inv, T* const* dst) {
 #if defined(__AVX__)
-  for (int c = 0; c < d; c += 8) {
-    __m256 v[8];
-    for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(Ot + (c + i) * rp + r0);
-    transpose8(v);
-    for (int i = 0; i < 8; ++i)
-      _mm256_storeu_ps(dst[i] + c, _mm256_mul_ps(v[i], _mm256_set1_ps(inv[i])));
+  if constexpr (std::is_same_v<T, float>) {
+    if (n == 8) {
+      for (int c = 0; c < d; c += 8) {
+        __m256 v[8];
+        for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(Ot + (c + i) * rp + r0);
+        transpose8(v);
+        for (int i = 0; i < 8; ++i)
+          _mm256_storeu_ps(dst[i] + c, _mm256_mul_ps(v[i], _mm256_set1_ps(inv[i])));
+      }
+      return;
+    }
   }
-#else
-  for (int i = 0; i < 8; ++i)
-    for (int c = 0; c < d; ++c) dst[i][c] = Ot[c * rp + r0 + i] * inv[i];
 #endif
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) dst[i][c] = from_float<T>(Ot[c * rp + r0 + i] * inv[i]);
 }
 
 // One step of the tiles' register blocks (tile_scores_rows, tile_pv_cols): acc[u][v] +=
@@ -760,10 +772,7 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
   float* Qt = sc.q.data();
   float* O = sc.o.data();  // d x rp (transposed) where kPvByColumns, else rp x d
   float* St = sc.s.data();
-  // Float32 queries go in 8 rows at a time (q_rows_transposed), the rest one float at a time.
-  constexpr bool kFast = kTranspose8 && std::is_same_v<T, float>;
-  const int rows8 = kFast ? rows / 8 * 8 : 0;
-  const T* src_of[kMaxTileRows];
+  const T* src_of[kMaxTileRows];  // each row's query
   int row_lo_max = 0, row_hi_min = std::numeric_limits<int>::max();
   for (int t = it.q0; t < it.q1; ++t) {
     const int pos = ctx + t;
@@ -772,16 +781,14 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
       const int r = (t - it.q0) * heads + (g - it.g0);
       const T* src = q + (q_start + t) * a.q_stride_token + (it.h0 * group + g) * a.q_stride_head;
       src_of[r] = src;
-      if (r >= rows8)
-        for (int c = 0; c < d; ++c) Qt[c * rp + r] = to_float(src[c]) * a.scale;
       sc.flo[r] = static_cast<float>(lo);
       sc.fhi[r] = static_cast<float>(pos + 1);
     }
     row_lo_max = std::max(row_lo_max, lo);
     row_hi_min = std::min(row_hi_min, pos + 1);
   }
-  if constexpr (kFast)
-    for (int r = 0; r < rows8; r += 8) q_rows_transposed(src_of + r, a.scale, d, Qt, rp, r);
+  for (int r = 0; r < rows; r += 8)
+    q_rows_transposed(src_of + r, std::min(8, rows - r), a.scale, d, Qt, rp, r);
   for (int r = rows; r < rp; ++r) {  // padding rows: zero queries that see every key
     for (int c = 0; c < d; ++c) Qt[c * rp + r] = 0.0f;
     sc.flo[r] = 0.0f;
@@ -811,28 +818,22 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
       tile_pv_by_rows(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
   }
 
-  if constexpr (kPvByColumns && kFast) {
-    // Normalised and written out 8 rows at a time, straight from the transposed O; the last
-    // rows (and a split-KV part's rows, which go out unnormalised) one float at a time.
-    if (partial == nullptr) {
-      T* out = static_cast<T*>(a.out);
-      float* dst_of[kMaxTileRows];
+  if constexpr (kPvByColumns) {
+    if (partial == nullptr) {  // normalised and written out straight from the transposed O
+      T* dst_of[kMaxTileRows];
       float inv[kMaxTileRows];
       for (int t = it.q0; t < it.q1; ++t)
         for (int g = it.g0; g < it.g1; ++g) {
           const int r = (t - it.q0) * heads + (g - it.g0);
-          dst_of[r] = out + (q_start + t) * a.out_stride_token +
-                      (it.h0 * group + g) * a.out_stride_head;
+          dst_of[r] = out_row<T>(a, it, it.h0, t, g);
           inv[r] = 1.0f / sc.l[r];
         }
-      for (int r = 0; r < rows8; r += 8)
-        o_rows_from_transposed(O, rp, r, d, inv + r, dst_of + r);
-      for (int r = rows8; r < rows; ++r)
-        for (int c = 0; c < d; ++c) dst_of[r][c] = O[c * rp + r] * inv[r];
+      for (int r = 0; r < rows; r += 8)
+        o_rows_from_transposed(O, rp, r, std::min(8, rows - r), d, inv + r, dst_of + r);
       return;
     }
-  }
-  if constexpr (kPvByColumns) {  // back to rows, in Qt's buffer (the queries are done with)
+    // A split-KV part's rows go out unnormalised, as rows (in Qt's buffer: the queries are
+    // done with).
     float* rows_of_o = sc.q.data();
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < d; ++c) rows_of_o[r * d + c] = O[c * rp + r];

@@ -403,8 +403,8 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
             const char* pf = reinterpret_cast<const char*>(next);  // null: lines == 0
             const int64_t blocks = (m1 - m0 + MR - 1) / MR;
             const int64_t per = (lines + blocks - 1) / blocks;
-            for (int64_t r = m0, rb = 0; r < m1; r += block_rows(m1 - m0, blocks, rb), ++rb) {
-              const int rows = block_rows(m1 - m0, blocks, rb);
+            for (int64_t r = m0, rb = 0, rows = 0; r < m1; r += rows, ++rb) {
+              rows = block_rows(m1 - m0, blocks, rb);
               const int64_t first_line = std::min(lines, rb * per);
               const int n_pf = static_cast<int>(std::min(lines, first_line + per) - first_line);
               // A float32 slice is two lines a k, so a call of one row block (m <= MR) that
