@@ -39,11 +39,12 @@ constexpr int kTwoLinesRows = 8;
 // Row blocks of at most kUnrolledRows rows (every block of the AVX2 build) run the micro-kernel's
 // k loop kUnroll k's a step, with a pointer a row. Rolled, a k took ~37 instructions for its 12
 // FMAs, ~12 of them loop control and the prefetch's tests and address arithmetic: about 6 a
-// cycle, the width of Zen 4's dispatch. Unrolled by two, the engine's decode steps ran
-// 1.03-1.06x faster (mean; docs/benchmarks.md, 2026-12-07, twenty-third session); by four, the
-// compiler spilled an accumulator and the 30 layers' GEMMs ran 0.94x at 18 rows and 0.92x at
-// 2,035. Larger blocks (the AVX-512 build's 12 rows) keep the rolled loop with a pointer for
-// every three rows: a pointer a row spills general registers there, and it is unmeasured.
+// cycle, the width of Zen 4's dispatch. Unrolled by two, the engine's decode GEMMs ran 1.10x
+// and its decode steps 1.03-1.07x faster (docs/benchmarks.md, 2026-12-07, twenty-third
+// session); by four, the compiler spilled an accumulator and the 30 layers' GEMMs ran 0.94x at
+// 18 rows and 0.92x at 2,035. Larger blocks (the AVX-512 build's 12 rows) keep the rolled loop
+// with a pointer for every three rows: a pointer a row spills general registers there, and it
+// is unmeasured.
 constexpr int kUnrolledRows = 6;
 constexpr int kUnroll = 2;
 
