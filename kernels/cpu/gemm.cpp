@@ -42,9 +42,9 @@ constexpr int kTwoLinesRows = 8;
 // cycle, the width of Zen 4's dispatch. Unrolled by two, the engine's decode GEMMs ran 1.10x
 // and its decode steps 1.03-1.07x faster (docs/benchmarks.md, 2026-12-07, twenty-third
 // session); by four, the compiler spilled an accumulator and the 30 layers' GEMMs ran 0.94x at
-// 18 rows and 0.92x at 2,035. Larger blocks (the AVX-512 build's 12 rows) keep the rolled loop
-// with a pointer for every three rows: a pointer a row spills general registers there, and it
-// is unmeasured.
+// 18 rows and 0.92x at 2,035. Larger blocks (the AVX-512 build's 12 rows) take one k a step,
+// with a pointer for every three rows (XRows): a pointer a row spills general registers there,
+// and two k's a step are unmeasured there.
 constexpr int kUnrolledRows = 6;
 constexpr int kUnroll = 2;
 
@@ -61,6 +61,38 @@ inline void load_row(const uint16_t* p, vf& w0, vf& w1) {
   w0 = reinterpret_cast<vf>(v << 16);
   w1 = reinterpret_cast<vf>(v & (vu{} + 0xFFFF0000u));
 }
+
+// The x rows a micro-kernel broadcasts from. Blocks of up to kUnrolledRows rows: a pointer a
+// row, indexed by k (a broadcast's address is a base, k and the unrolled step's place). Larger
+// blocks (the AVX-512 build's 12 rows): rows in groups of three from one pointer each (x[g],
+// x[g] + ldx, x[g] + 2 ldx: a base and a scaled index), the pointers stepping with k, so twelve
+// rows take five general registers. With a register per row the compiler spilled row offsets
+// into vector registers there and moved them back every k, on the FMA ports.
+template <int R, bool kPerRow = (R <= kUnrolledRows)>
+struct XRows {
+  const float* p[R];
+  XRows(const float* x, int64_t ldx) {
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) p[r] = x + r * ldx;
+  }
+  float at(int r, int64_t k) const { return p[r][k]; }
+  void next() {}
+};
+template <int R>
+struct XRows<R, false> {
+  static constexpr int G = (R + 2) / 3;
+  const float* p[G];
+  int64_t ldx;
+  XRows(const float* x, int64_t ld) : ldx(ld) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) p[g] = x + 3 * g * ld;
+  }
+  float at(int r, int64_t) const { return p[r / 3][(r % 3) * ldx]; }
+  void next() {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) ++p[g];
+  }
+};
 
 // y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
 // of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
@@ -92,80 +124,47 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
       c1[r] = load(tmp + W);
     }
   }
-  if constexpr (R <= kUnrolledRows) {
-    // One pointer a row, all indexed by k: a broadcast's address is its row's base plus k (one
-    // register for every row) plus the unrolled step's place.
-    const float* xr[R];
+  // The k loop, U k's a step, each step's prefetches issued together; then the k's past the
+  // prefetches without them. Lines: `per_k` a k (two when there are more lines than k's) for the
+  // first pf_k k's, an odd last line first. Every accumulator sums its k's in order.
+  constexpr int U = R <= kUnrolledRows ? kUnroll : 1;
+  XRows<R> xs(x, ldx);
+  auto one_k = [&](const Wt* row, int64_t kk) __attribute__((always_inline)) {
+    vf w0, w1;
+    load_row(row, w0, w1);
 #pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) xr[r] = x + r * ldx;
-    // One k: the panel row times every row's x at k.
-    auto one_k = [&](const Wt* row, int64_t kk) __attribute__((always_inline)) {
-      vf w0, w1;
-      load_row(row, w0, w1);
-#pragma GCC unroll 12
-      for (int r = 0; r < R; ++r) {
-        const vf xv = splat(xr[r][kk]);
-        c0[r] += xv * w0;
-        c1[r] += xv * w1;
-      }
-    };
-    // The k loop, kUnroll k's a step, each step's prefetches issued together; then the k's past
-    // the prefetches without them. Lines: `per_k` a k (two when there are more lines than k's)
-    // for the first pf_k k's, an odd last line first. Every accumulator still sums its k's in
-    // order: the same bits.
-    const int per_k = pf_lines > kc ? 2 : 1;
-    const int pf_k = pf_lines / per_k;
-    if (pf_k * per_k < pf_lines) prefetch_l2(pf + (pf_lines - 1) * int64_t{64});
-    const Wt* row = panel;
-    int k = 0;
-    auto run = [&](int end, auto lines_per_k) __attribute__((always_inline)) {
-      constexpr int L = decltype(lines_per_k)::value;
-      for (; k + kUnroll <= end; k += kUnroll, row += kUnroll * NB) {
+    for (int r = 0; r < R; ++r) {
+      const vf xv = splat(xs.at(r, kk));
+      c0[r] += xv * w0;
+      c1[r] += xv * w1;
+    }
+    xs.next();
+  };
+  const int per_k = pf_lines > kc ? 2 : 1;
+  const int pf_k = pf_lines / per_k;
+  if (pf_k * per_k < pf_lines) prefetch_l2(pf + (pf_lines - 1) * int64_t{64});
+  const Wt* row = panel;
+  int k = 0;
+  auto run = [&](int end, auto lines_per_k) __attribute__((always_inline)) {
+    constexpr int L = decltype(lines_per_k)::value;
+    for (; k + U <= end; k += U, row += U * NB) {
 #pragma GCC unroll 8
-        for (int i = 0; i < L * kUnroll; ++i) prefetch_l2(pf + (int64_t{L} * k + i) * 64);
+      for (int i = 0; i < L * U; ++i) prefetch_l2(pf + (int64_t{L} * k + i) * 64);
 #pragma GCC unroll 4
-        for (int u = 0; u < kUnroll; ++u) one_k(row + u * NB, k + u);
-      }
-      for (; k < end; ++k, row += NB) {
+      for (int u = 0; u < U; ++u) one_k(row + u * NB, k + u);
+    }
+    for (; k < end; ++k, row += NB) {
 #pragma GCC unroll 2
-        for (int i = 0; i < L; ++i) prefetch_l2(pf + (int64_t{L} * k + i) * 64);
-        one_k(row, k);
-      }
-    };
-    if (per_k == 2) {
-      run(pf_k, std::integral_constant<int, 2>{});
-    } else {
-      run(pf_k, std::integral_constant<int, 1>{});
+      for (int i = 0; i < L; ++i) prefetch_l2(pf + (int64_t{L} * k + i) * 64);
+      one_k(row, k);
     }
-    run(kc, std::integral_constant<int, 0>{});
+  };
+  if (per_k == 2) {
+    run(pf_k, std::integral_constant<int, 2>{});
   } else {
-    // Rows in groups of three from one pointer each (x[g], x[g] + ldx, x[g] + 2 ldx: a base and
-    // a scaled index), the pointers stepping with k: twelve rows in five general registers.
-    // With a register per row the compiler spilled row offsets into vector registers and moved
-    // them back every k, on the FMA ports.
-    constexpr int G = (R + 2) / 3;
-    const float* xg[G];
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) xg[g] = x + 3 * g * ldx;
-    for (int k = 0; k < kc; ++k) {
-      if (pf_lines > kc) {
-        prefetch_l2(pf + 2 * k * 64);
-        if (2 * k + 1 < pf_lines) prefetch_l2(pf + (2 * k + 1) * 64);
-      } else if (k < pf_lines) {
-        prefetch_l2(pf + k * 64);
-      }
-      vf w0, w1;
-      load_row(panel + k * NB, w0, w1);
-#pragma GCC unroll 12
-      for (int r = 0; r < R; ++r) {
-        const vf xv = splat(xg[r / 3][(r % 3) * ldx]);
-        c0[r] += xv * w0;
-        c1[r] += xv * w1;
-      }
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) ++xg[g];
-    }
+    run(pf_k, std::integral_constant<int, 1>{});
   }
+  run(kc, std::integral_constant<int, 0>{});
   if (nvalid == NB) {
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) store(y + r * ldy, c0[r]), store(y + r * ldy + W, c1[r]);
