@@ -47,6 +47,10 @@ constexpr int kTwoLinesRows = 8;
 // and two k's a step are unmeasured there.
 constexpr int kUnrolledRows = 6;
 constexpr int kUnroll = 2;
+// A single pass over the weights (m <= MR) is prefetched on AMD from this many rows, in builds
+// whose row blocks are at most kAmdPrefetchMaxMR rows (prefetch_single_pass).
+constexpr int kAmdPrefetchMinRows = 4;
+constexpr int kAmdPrefetchMaxMR = 6;
 
 // One panel row (NB columns at one k) as two float vectors: from float32 panels, or from bf16
 // panels as laid out above (the shifted and masked halves are exactly the weight's values; the
@@ -323,21 +327,34 @@ struct SiluMulOut {
 }  // namespace
 
 // Whether a call whose rows fit one row block (m <= MR), so that it reads each weight once,
-// prefetches the weights in software as larger calls do. On AMD Zen 4 the hardware's stream
-// prefetcher keeps up with that single pass and software prefetches on top of it only take miss
-// slots (at 8 rows the 30 layers' GEMMs ran 9-13% faster without them, at 12 rows 0-4%). On an
-// Intel Sapphire Rapids-class VM the pass waits on memory without them (the FMAs that wait on a
-// missing line fill the scheduler, so few lines are in flight): with them the same GEMMs ran
-// 1.45x faster at 6 rows and 1.41x at 12 (docs/benchmarks.md, 2026-12-05). Elsewhere the
-// behaviour is unmeasured and stays as it was.
-bool prefetch_single_pass() {
+// prefetches the weights in software as larger calls do. The FMAs that wait on a missing line
+// fill the scheduler, so with a block's worth of FMAs a line few lines are in flight and the
+// pass waits on memory; software prefetches keep lines coming. With only a row or two a line
+// the core runs far enough ahead for the hardware's prefetcher to keep up, and the prefetches
+// only take its miss slots. Measured (docs/benchmarks.md):
+// * Intel Sapphire Rapids-class VM (AVX-512 build): the 30 layers' GEMMs 1.45x faster with
+//   them at 6 rows, 1.41x at 12 (2026-12-05).
+// * AMD Zen 4 with AVX-512 (blocks of up to 12 rows): 9-13% slower with them at 8 rows, 0-4% at
+//   12; so not there.
+// * AMD Zen 4 with AVX-512 hidden (the AVX2 build, blocks of up to 6 rows): float32 panels
+//   1.09x faster at 3 rows, 1.26x at 4, 1.46x at 5, 1.41x at 6, but 0.95x at 1-2; bf16 panels
+//   1.09x at 4, 1.35x at 5, 1.54x at 6, but 0.81-0.93x at 1-3; the engine's decode steps of 4
+//   and 6 requests 1.12x and 1.21x faster (2026-12-07, twenty-fourth session). So from 4 rows.
+// Elsewhere the behaviour is unmeasured and stays as it was (none).
+bool prefetch_single_pass(int64_t rows) {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool intel = [] {
     __builtin_cpu_init();
     return __builtin_cpu_is("intel") != 0;
   }();
-  return intel;
+  if (intel) return true;
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd && MR <= kAmdPrefetchMaxMR && rows >= kAmdPrefetchMinRows;
 #else
+  (void)rows;
   return false;
 #endif
 }
@@ -382,7 +399,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
   const int64_t kc_size = (k + k_blocks - 1) / k_blocks;
   const MicroKernel<Wt>* kernels = kernels_by_rows<Wt>();
-  const bool single_pass_pf = prefetch_single_pass();
+  const bool single_pass_pf = prefetch_single_pass(m);
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, units)));
   // Units go out in chunks: each thread takes its own contiguous run of them, in order, so its
   // weights stream as one sequence, and takes chunks from the others' runs once its own is done

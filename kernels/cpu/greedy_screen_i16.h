@@ -33,7 +33,7 @@ void for_screen_blocks(int64_t m, int64_t k2, const uint16_t* screen, int64_t p0
   const int64_t blocks = (m + Rows - 1) / Rows;
   const int64_t lines = k2 * 2 * kScreenPanel * 2 / 64;  // a panel's
   const int64_t per = (lines + blocks - 1) / blocks;
-  const bool prefetch = blocks > 1 || prefetch_single_pass();
+  const bool prefetch = blocks > 1 || prefetch_single_pass(m);
   for (int64_t p = p0; p < p1; ++p) {
     const char* next = reinterpret_cast<const char*>(screen + (p + 1) * k2 * 2 * kScreenPanel);
     for (int64_t r0 = 0, b = 0; r0 < m; r0 += Rows, ++b) {

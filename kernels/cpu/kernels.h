@@ -78,9 +78,10 @@ void linear_silu_mul_packed(const float* x, int64_t m, int64_t k, int64_t ldx,
                             const uint16_t* packed, int64_t inter, float* out, int64_t ldo,
                             int num_threads);
 
-// Whether a weight stream that one row block reads once is prefetched in software (Intel: yes;
-// AMD Zen 4, whose hardware prefetcher keeps up: no). gemm.cpp says what was measured.
-bool prefetch_single_pass();
+// Whether a weight stream that one row block of `rows` rows reads once is prefetched in software
+// (Intel: yes; AMD: in builds of at most 6-row blocks, from 4 rows, where the hardware's
+// prefetcher no longer keeps up). gemm.cpp says what was measured.
+bool prefetch_single_pass(int64_t rows);
 
 // ---- elementwise.cpp ------------------------------------------------------------------------
 // out = weight * (x / sqrt(mean(x^2) + eps)), computed in float32 (HF's RMSNorm); when
