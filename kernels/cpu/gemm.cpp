@@ -47,6 +47,15 @@ constexpr int kTwoLinesRows = 8;
 // and two k's a step are unmeasured there.
 constexpr int kUnrolledRows = 6;
 constexpr int kUnroll = 2;
+// Where a block's share of the next slice's lines fits, the unrolled loop prefetches one line a
+// step (every kUnroll k's) instead of one a k: the same lines, spread over twice the k's. At
+// decode sizes of two or three row blocks (7-18 rows on AVX2) a block of 3-6 rows takes few
+// cycles a k, and one line a k over the first half or third of its k's asked for lines faster
+// than memory gives them. Spread, the 30 layers' GEMMs ran 1.27-1.31x faster at 7-9 rows, 1.15x
+// at 11, 1.10x at 14, 1.01x at 18-24 (AMD Zen 4, AVX2 build; one line every 3-4 k's was slower
+// from 12 rows: docs/benchmarks.md, 2026-12-07, twenty-fourth session). The AVX-512 build (blocks
+// of up to 12 rows) keeps one line a k: unmeasured there.
+constexpr bool kStepRatePrefetch = MR <= 6;
 // A single pass over the weights (m <= MR) is prefetched on AMD from this many rows, in builds
 // whose row blocks are at most kAmdPrefetchMaxMR rows (prefetch_single_pass).
 constexpr int kAmdPrefetchMinRows = 4;
@@ -129,8 +138,9 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
     }
   }
   // The k loop, U k's a step, each step's prefetches issued together; then the k's past the
-  // prefetches without them. Lines: `per_k` a k (two when there are more lines than k's) for the
-  // first pf_k k's, an odd last line first. Every accumulator sums its k's in order.
+  // prefetches without them. Lines: two a k when there are more lines than k's (an odd last line
+  // first); one a step of U k's when that still issues them all (see kUnroll); else one a k.
+  // Every accumulator sums its k's in order.
   constexpr int U = R <= kUnrolledRows ? kUnroll : 1;
   XRows<R> xs(x, ldx);
   auto one_k = [&](const Wt* row, int64_t kk) __attribute__((always_inline)) {
@@ -165,6 +175,12 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
   };
   if (per_k == 2) {
     run(pf_k, std::integral_constant<int, 2>{});
+  } else if (kStepRatePrefetch && U > 1 && U * pf_lines <= kc) {
+    for (const int end = U * pf_lines; k < end; k += U, row += U * NB) {
+      prefetch_l2(pf + int64_t{k / U} * 64);
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) one_k(row + u * NB, k + u);
+    }
   } else {
     run(pf_k, std::integral_constant<int, 1>{});
   }
