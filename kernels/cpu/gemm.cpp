@@ -352,10 +352,11 @@ struct SiluMulOut {
 //   them at 6 rows, 1.41x at 12 (2026-12-05).
 // * AMD Zen 4 with AVX-512 (blocks of up to 12 rows): 9-13% slower with them at 8 rows, 0-4% at
 //   12; so not there.
-// * AMD Zen 4 with AVX-512 hidden (the AVX2 build, blocks of up to 6 rows): float32 panels
-//   1.09x faster at 3 rows, 1.26x at 4, 1.46x at 5, 1.41x at 6, but 0.95x at 1-2; bf16 panels
-//   1.09x at 4, 1.35x at 5, 1.54x at 6, but 0.81-0.93x at 1-3; the engine's decode steps of 4
-//   and 6 requests 1.12x and 1.21x faster (2026-12-07, twenty-fourth session). So from 4 rows.
+// * AMD Zen 4 with AVX-512 hidden (the AVX2 build, blocks of up to 6 rows), in a slow hour:
+//   float32 panels 1.09x faster at 3 rows, 1.26x at 4, 1.46x at 5, 1.41x at 6, but 0.95x at
+//   1-2; bf16 panels 1.09x at 4, 1.35x at 5, 1.54x at 6, but 0.81-0.93x at 1-3. Later, weights
+//   on huge pages, 1.02-1.06x at 4-6. The engine's decode steps of 4 and 6 requests ran 1.12x
+//   and 1.21x faster (2026-12-07, twenty-fourth session). So from 4 rows.
 // Elsewhere the behaviour is unmeasured and stays as it was (none).
 bool prefetch_single_pass(int64_t rows) {
 #if defined(__x86_64__) || defined(__i386__)
