@@ -55,11 +55,11 @@ constexpr int kUnroll = 2;
 // at 11, 1.10x at 14, 1.01x at 18-24 (AMD Zen 4, AVX2 build; one line every 3-4 k's was slower
 // from 12 rows: docs/benchmarks.md, 2026-12-07, twenty-fourth session). The AVX-512 build (blocks
 // of up to 12 rows) keeps one line a k: unmeasured there.
-constexpr bool kStepRatePrefetch = MR <= 6;
-// A single pass over the weights (m <= MR) is prefetched on AMD from this many rows, in builds
-// whose row blocks are at most kAmdPrefetchMaxMR rows (prefetch_single_pass).
+// Builds of at most 6-row blocks (AVX2, baseline): where that schedule and the AMD single-pass
+// rule (prefetch_single_pass) were measured.
+constexpr bool kSixRowBlocks = MR <= 6;
+// A single pass over the weights (m <= MR) is prefetched on AMD from this many rows there.
 constexpr int kAmdPrefetchMinRows = 4;
-constexpr int kAmdPrefetchMaxMR = 6;
 
 // One panel row (NB columns at one k) as two float vectors: from float32 panels, or from bf16
 // panels as laid out above (the shifted and masked halves are exactly the weight's values; the
@@ -106,6 +106,17 @@ struct XRows<R, false> {
     for (int g = 0; g < G; ++g) ++p[g];
   }
 };
+
+// Line i of the k-step at k (a multiple of U) when a micro-kernel prefetches P lines a step of U
+// k's: k P / U + i, as a multiply where U divides P.
+template <int P, int U>
+inline int64_t prefetch_line(int k, int i) {
+  if constexpr (P % U == 0) {
+    return int64_t{P / U} * k + i;
+  } else {
+    return int64_t{k / U} * P + i;
+  }
+}
 
 // y[0:R, 0:NB] (+)= x[0:R, 0:kc] @ panel[0:kc, 0:NB]; `init` seeds y from bias (or zero) instead
 // of accumulating; only the first `nvalid` columns are stored. Meanwhile it prefetches
@@ -159,30 +170,30 @@ void micro_kernel(const float* x, int64_t ldx, const Wt* panel, int kc, float* y
   if (pf_k * per_k < pf_lines) prefetch_l2(pf + (pf_lines - 1) * int64_t{64});
   const Wt* row = panel;
   int k = 0;
-  auto run = [&](int end, auto lines_per_k) __attribute__((always_inline)) {
-    constexpr int L = decltype(lines_per_k)::value;
+  // The k's up to `end`, P lines a step of U k's (P / U a k past the last whole step; P < U only
+  // where `end` is a whole number of steps); line i of the step at k is k P / U + i.
+  auto run = [&](int end, auto lines_per_step) __attribute__((always_inline)) {
+    constexpr int P = decltype(lines_per_step)::value;
     for (; k + U <= end; k += U, row += U * NB) {
 #pragma GCC unroll 8
-      for (int i = 0; i < L * U; ++i) prefetch_l2(pf + (int64_t{L} * k + i) * 64);
+      for (int i = 0; i < P; ++i) prefetch_l2(pf + prefetch_line<P, U>(k, i) * 64);
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) one_k(row + u * NB, k + u);
     }
-    for (; k < end; ++k, row += NB) {
+    if constexpr (P % U == 0) {  // (a run of fewer lines than steps ends on a whole step)
+      for (; k < end; ++k, row += NB) {
 #pragma GCC unroll 2
-      for (int i = 0; i < L; ++i) prefetch_l2(pf + (int64_t{L} * k + i) * 64);
-      one_k(row, k);
+        for (int i = 0; i < P / U; ++i) prefetch_l2(pf + prefetch_line<P, U>(k, i) * 64);
+        one_k(row, k);
+      }
     }
   };
   if (per_k == 2) {
-    run(pf_k, std::integral_constant<int, 2>{});
-  } else if (kStepRatePrefetch && U > 1 && U * pf_lines <= kc) {
-    for (const int end = U * pf_lines; k < end; k += U, row += U * NB) {
-      prefetch_l2(pf + int64_t{k / U} * 64);
-#pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) one_k(row + u * NB, k + u);
-    }
+    run(pf_k, std::integral_constant<int, 2 * U>{});
+  } else if (kSixRowBlocks && U > 1 && U * pf_lines <= kc) {
+    run(U * pf_lines, std::integral_constant<int, 1>{});
   } else {
-    run(pf_k, std::integral_constant<int, 1>{});
+    run(pf_k, std::integral_constant<int, U>{});
   }
   run(kc, std::integral_constant<int, 0>{});
   if (nvalid == NB) {
@@ -360,16 +371,12 @@ struct SiluMulOut {
 // Elsewhere the behaviour is unmeasured and stays as it was (none).
 bool prefetch_single_pass(int64_t rows) {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool intel = [] {
+  enum Vendor { kOther, kIntel, kAmd };
+  static const Vendor vendor = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
+    return __builtin_cpu_is("intel") ? kIntel : __builtin_cpu_is("amd") ? kAmd : kOther;
   }();
-  if (intel) return true;
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  return amd && MR <= kAmdPrefetchMaxMR && rows >= kAmdPrefetchMinRows;
+  return vendor == kIntel || (vendor == kAmd && kSixRowBlocks && rows >= kAmdPrefetchMinRows);
 #else
   (void)rows;
   return false;
