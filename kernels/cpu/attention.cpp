@@ -3,8 +3,9 @@
 // Work item = (request, KV head, tile of the request's new tokens, slice of the query heads
 // that share the KV head). Its rows are tokens x query heads, so each K/V row is read once per
 // item and used by every query head of its group (GQA/MQA). Items walk their keys block by
-// block with an online softmax (running max m, running sum l, unnormalised output O) and are
-// spread over OpenMP threads, longest first, with dynamic scheduling.
+// block (decode items over every KV head: in chunks of up to kChunkKeys keys, run_key_major)
+// with an online softmax (running max m, running sum l, unnormalised output O) and are spread
+// over the threads, longest first, with dynamic scheduling.
 //
 // Prefill chunks run as tiles instead (run_tile): up to kMaxTileRows rows of one KV head with Q
 // held transposed, so a score is a row-vector FMA per key and dimension (no horizontal sums)
@@ -150,44 +151,39 @@ void pv(const float* P, int ld, int rows, int nk, const float* V, int64_t vs, fl
   if (r < rows) pv_rows<D, 1>(P + r * ld, ld, nk, V, vs, O + r * dd, d);
 }
 
-// The part of the next block's span that a key-major pass prefetches at keys [j, j + 4): the
-// same four slots of the block at pf (pf_nk keys; nothing when pf is null or j >= pf_nk). The
-// pass issues it in `parts` pieces, one before each head's (or row's) work, so the fetches stay
-// spread over the arithmetic.
-struct NextSpan {
-  const char* base = nullptr;
-  int bytes = 0;
-  NextSpan(const float* pf, int pf_nk, int j, int64_t stride) {
-    if (pf == nullptr || j >= pf_nk) return;
-    base = reinterpret_cast<const char*>(pf + j * stride);
-    bytes = static_cast<int>(std::min(4, pf_nk - j) * stride * sizeof(float));
-  }
-  void prefetch_part(int part, int parts) const {
-    const int step = (bytes / parts + 63) / 64 * 64;
-    for (int b = part * step; b < std::min(bytes, (part + 1) * step); b += 64)
-      prefetch_l2(base + b);
-  }
-};
+// ---- decode items: keys in chunks -----------------------------------------------------------
+// An item that covers every KV head (decode rows) walks its keys in chunks of up to kChunkKeys,
+// through tables of each key's K and V row (a slot's heads lie side by side in the pool, so a
+// row is one span): the scores of a whole chunk, one softmax pass over them, then P.V. So the
+// online softmax's per-row work (max, sum, O's rescale) runs once a chunk rather than once a
+// block, and groups of four keys run across block boundaries. Each key's row is prefetched
+// kAheadKeys keys before its pass reads it, in the order the passes read: a chunk's K, its V,
+// the next chunk's K. (Against a walk block by block that prefetched the next block's K during
+// the scores and its V during P.V: 1.21-1.23x faster with the K/V in cache, 1.10x from memory,
+// 1.03-1.05x inside the engine's decode step; docs/benchmarks.md, 2026-12-07.)
+constexpr int kChunkKeys = 256;  // a multiple of 4 and of W
+constexpr int kAheadKeys = 16;
+static_assert(kChunkKeys % 4 == 0 && kChunkKeys % W == 0 && kChunkKeys >= kAheadKeys);
 
-// Key-major variants for an item that covers every KV head (decode rows): a block's K (and then
-// its V) is walked four slots at a time, all heads of those slots together, so the block is
-// read as one linear span; head by head it is read in as many strided passes as there are heads
-// (a plain read of this layout: 10.5 GB/s linear, 8.6 GB/s head by head, one core). While it
-// reads, each also prefetches the same span of the next block (NextSpan). Rows of head h
-// are [h * per_head, (h + 1) * per_head) of Q, S and O.
-template <int D>
-void scores_heads(const float* Q, int heads, int per_head, int d, const float* K, int64_t ks,
-                  int64_t kh, int nk, float* S, int ld, const float* pf, int pf_nk) {
+// Scores of every row against keys [0, n) of the table kp, four keys at a time (a last partial
+// group repeats the last key; those columns are past n and get masked). While keys [j, j + 4)
+// are worked on, rows pf(j) .. pf(j + 3) are prefetched (null: none), each head its own slice.
+// Rows of head h are [h * per_head, (h + 1) * per_head) of Q and S.
+template <int D, typename Pf>
+void chunk_scores(const float* Q, int heads, int per_head, int d, const float* const* kp, int n,
+                  int64_t kh, float* S, int ld, Pf&& pf) {
   const int dd = D > 0 ? D : d;
-  for (int j = 0; j < nk; j += 4) {
-    const NextSpan next(pf, pf_nk, j, ks);
-    const float* k0 = K + j * ks;
-    const float* k1 = K + std::min(j + 1, nk - 1) * ks;
-    const float* k2 = K + std::min(j + 2, nk - 1) * ks;
-    const float* k3 = K + std::min(j + 3, nk - 1) * ks;
+  for (int j = 0; j < n; j += 4) {
+    const float* k0 = kp[j];
+    const float* k1 = kp[std::min(j + 1, n - 1)];
+    const float* k2 = kp[std::min(j + 2, n - 1)];
+    const float* k3 = kp[std::min(j + 3, n - 1)];
+    const float* ahead[4] = {pf(j), pf(j + 1), pf(j + 2), pf(j + 3)};
     for (int h = 0; h < heads; ++h) {
-      next.prefetch_part(h, heads);
       const int64_t o = h * kh;
+      for (const float* row : ahead)
+        if (row != nullptr)
+          for (int c = 0; c < dd; c += 64 / sizeof(float)) prefetch_l2(row + o + c);
       const float* q = Q + h * per_head * dd;
       float* sh = S + h * per_head * ld + j;
       int r = 0;
@@ -201,38 +197,90 @@ void scores_heads(const float* Q, int heads, int per_head, int d, const float* K
   }
 }
 
-// O[r] += sum_j P[r, j] * V[j] for every row, four keys at a time (keys past nk repeat the last
-// one; their P entries are 0, as online_softmax leaves the padding).
-template <int D>
-void pv_heads(const float* P, int ld, int heads, int per_head, int nk, const float* V,
-              int64_t vs, int64_t vh, float* O, int d, const float* pf, int pf_nk) {
+// O[r, cols] += sum_j P[r, j] V[j, cols] for RB rows and U vectors of columns at `off` of each
+// row, over keys [0, n) of the table vp, the accumulators in registers throughout; at key j it
+// prefetches the same columns of row pf(j).
+template <int RB, int U, typename Pf>
+__attribute__((always_inline)) inline void chunk_pv_block(const float* P, int ld,
+                                                          const float* const* vp, int n,
+                                                          int64_t off, float* O, int dd,
+                                                          Pf&& pf) {
+  vf acc[RB][U];
+#pragma GCC unroll 6
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) acc[r][u] = load(O + r * dd + u * W);
+  for (int j = 0; j < n; ++j) {
+    if (const float* row = pf(j))
+      for (int c = 0; c < U * W; c += 64 / sizeof(float)) prefetch_l2(row + off + c);
+    vf p[RB];
+#pragma GCC unroll 6
+    for (int r = 0; r < RB; ++r) p[r] = splat(P[r * ld + j]);
+    const float* v = vp[j] + off;
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const vf vv = load(v + u * W);
+#pragma GCC unroll 6
+      for (int r = 0; r < RB; ++r) acc[r][u] += p[r] * vv;
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) store(O + r * dd + u * W, acc[r][u]);
+}
+
+// The rows of one head, U vectors of columns at `off`: register blocks of kRB rows, then 2, 1.
+// The first block prefetches (its rows' columns of pf(j)).
+template <int U, typename Pf>
+inline void chunk_pv_rows(const float* P, int ld, int rows, const float* const* vp, int n,
+                          int64_t off, float* O, int dd, Pf&& pf) {
+  constexpr int kRB = kNumVecRegs >= 32 ? 6 : 3;  // RB x U accumulators, RB broadcasts, 1 V
+  const auto none = [](int) -> const float* { return nullptr; };
+  int r = 0;
+  const auto run = [&](auto rb) {
+    constexpr int R = decltype(rb)::value;
+    if (r == 0)
+      chunk_pv_block<R, U>(P, ld, vp, n, off, O, dd, pf);
+    else
+      chunk_pv_block<R, U>(P + r * ld, ld, vp, n, off, O + r * dd, dd, none);
+    r += R;
+  };
+  while (r + kRB <= rows) run(std::integral_constant<int, kRB>{});
+  while (r + 2 <= rows) run(std::integral_constant<int, 2>{});
+  if (r < rows) run(std::integral_constant<int, 1>{});
+}
+
+// O += P.V for every row over keys [0, n) of vp (n rounded up to 4; past n, the last key's row
+// with P 0, as online_softmax leaves the padding), key-major: for each group of 8 keys, each
+// head and each chunk of 4 vectors of columns (then single vectors, then single columns), the
+// rows' sums stay in registers over the group's keys. The rows are read in the order they lie,
+// a group at a time (a head's columns over a whole block at a time read them strided, and
+// waited on memory: 0.95-0.98x, docs/benchmarks.md, 2026-12-07). Every output element gets
+// its keys' FMAs in key order. pf(j): the row to prefetch at key j.
+template <int D, typename Pf>
+void chunk_pv(const float* P, int ld, int heads, int per_head, int n, const float* const* vp,
+              int64_t vh, float* O, int d, Pf&& pf) {
+  constexpr int kGroup = 8;
   const int dd = D > 0 ? D : d;
-  for (int j = 0; j < nk; j += 4) {
-    const NextSpan next(pf, pf_nk, j, vs);
-    const float* v0 = V + j * vs;
-    const float* v1 = V + std::min(j + 1, nk - 1) * vs;
-    const float* v2 = V + std::min(j + 2, nk - 1) * vs;
-    const float* v3 = V + std::min(j + 3, nk - 1) * vs;
+  const int n4 = (n + 3) / 4 * 4;
+  for (int j0 = 0; j0 < n4; j0 += kGroup) {
+    const int g = std::min(kGroup, n4 - j0);
+    const auto pf_group = [&](int j) { return pf(j0 + j); };
     for (int h = 0; h < heads; ++h) {
-      const int64_t o = h * vh;
-      for (int r = h * per_head; r < (h + 1) * per_head; ++r) {
-        next.prefetch_part(r, heads * per_head);
-        const float* p = P + r * ld + j;
-        const vf p0 = splat(p[0]), p1 = splat(p[1]), p2 = splat(p[2]), p3 = splat(p[3]);
-        float* orow = O + r * dd;
-        int c = 0;
-#pragma GCC unroll 16
-        for (; c + W <= dd; c += W) {
-          vf acc = load(orow + c);
-          acc += p0 * load(v0 + o + c);
-          acc += p1 * load(v1 + o + c);
-          acc += p2 * load(v2 + o + c);
-          acc += p3 * load(v3 + o + c);
-          store(orow + c, acc);
+      const float* ph = P + h * per_head * ld + j0;
+      float* oh = O + h * per_head * dd;
+      int c = 0;
+      for (; c + 4 * W <= dd; c += 4 * W)
+        chunk_pv_rows<4>(ph, ld, per_head, vp + j0, g, h * vh + c, oh + c, dd, pf_group);
+      for (; c + W <= dd; c += W)
+        chunk_pv_rows<1>(ph, ld, per_head, vp + j0, g, h * vh + c, oh + c, dd, pf_group);
+      for (; c < dd; ++c)
+        for (int r = 0; r < per_head; ++r) {
+          float s = oh[r * dd + c];
+          for (int j = 0; j < g; ++j) s += ph[r * ld + j] * vp[j0 + j][h * vh + c];
+          oh[r * dd + c] = s;
         }
-        for (; c < dd; ++c)
-          orow[c] += p[0] * v0[o + c] + p[1] * v1[o + c] + p[2] * v2[o + c] + p[3] * v3[o + c];
-      }
     }
   }
 }
@@ -243,6 +291,7 @@ void pv_heads(const float* P, int ld, int heads, int per_head, int nk, const flo
 struct Scratch {
   std::vector<float> q, o, s, k, v, m, l, corr, flo, fhi;
   std::vector<int> lo, hi;
+  std::vector<const float*> kp, vp;  // a decode chunk's K and V rows (run_key_major)
   // Room for items of head size d, score rows of ld and blocks of block_size (grows only).
   void fit(int d, int ld, int block_size) {
     const auto grow = [](auto& buffer, size_t size) {
@@ -250,6 +299,8 @@ struct Scratch {
     };
     for (auto* b : {&q, &o}) grow(*b, static_cast<size_t>(kMaxTileRows) * d);
     grow(s, static_cast<size_t>(kMaxTileRows) * std::max(ld, block_size + 4));
+    grow(s, static_cast<size_t>(kMaxRows) * kChunkKeys);
+    for (auto* b : {&kp, &vp}) grow(*b, kChunkKeys + kAheadKeys + 4);
     for (auto* b : {&k, &v}) grow(*b, static_cast<size_t>(block_size) * d);
     for (auto* b : {&m, &l, &corr, &flo, &fhi}) grow(*b, kMaxTileRows);
     for (auto* b : {&lo, &hi}) grow(*b, kMaxTileRows);
@@ -377,6 +428,56 @@ struct ItemKeys {
   }
 };
 
+// K and V rows of key positions [t0, t1) (of keys' blocks) into kp and vp.
+inline void key_rows(const PagedAttentionArgs& a, const ItemKeys<float>& keys, int t0, int t1,
+                     const float** kp, const float** vp) {
+  const int bs = a.block_size;
+  for (int b = t0 / bs; b * bs < t1; ++b) {
+    const float* kb = keys.kc + keys.table[b] * a.k_stride_block;
+    const float* vb = keys.vc + keys.table[b] * a.v_stride_block;
+    for (int t = std::max(t0, b * bs); t < std::min(t1, (b + 1) * bs); ++t) {
+      *kp++ = kb + (t - b * bs) * a.k_stride_slot;
+      if (vp != nullptr) *vp++ = vb + (t - b * bs) * a.v_stride_slot;
+    }
+  }
+}
+
+// A decode item's walk over its keys in chunks (the float32 pool, every KV head): Q (scaled),
+// O, sc.m and sc.l as run_item sets them up; rows of head h are [h * per_head, (h + 1) *
+// per_head).
+template <int D>
+void run_key_major(const PagedAttentionArgs& a, const ItemKeys<float>& keys, int heads,
+                   int per_head, const float* Q, float* O, Scratch& sc, int row_lo_max,
+                   int row_hi_min) {
+  const int d = D > 0 ? D : a.head_dim;
+  const int rows = heads * per_head;
+  const int n = keys.hi - keys.lo;
+  const float** kp = sc.kp.data();
+  const float** vp = sc.vp.data();
+  float* S = sc.s.data();
+  for (int c0 = 0; c0 < n; c0 += kChunkKeys) {
+    const int c1 = std::min(n, c0 + kChunkKeys), cn = c1 - c0;
+    // Tables: this chunk's K rows and the next chunk's first kAheadKeys (to prefetch), its V
+    // rows, and P.V's padding (up to 4 keys past cn: the last row again, with P 0).
+    key_rows(a, keys, keys.lo + c0, keys.lo + c1, kp, vp);
+    key_rows(a, keys, keys.lo + c1, keys.lo + std::min(n, c1 + kAheadKeys), kp + cn, nullptr);
+    for (int j = cn; j < cn + 4; ++j) vp[j] = vp[cn - 1];
+    const auto pf_k = [&](int j) -> const float* {  // this chunk's K, then its V
+      j += kAheadKeys;
+      return j < cn ? kp[j] : j - cn < cn ? vp[j - cn] : nullptr;
+    };
+    const auto pf_v = [&](int j) -> const float* {  // this chunk's V, then the next one's K
+      j += kAheadKeys;
+      return j < cn ? vp[j] : c0 + j < n ? kp[j] : nullptr;
+    };
+    chunk_scores<D>(Q, heads, per_head, d, kp, cn, a.k_stride_head, S, kChunkKeys, pf_k);
+    const int t0 = keys.lo + c0, t1 = keys.lo + c1;
+    online_softmax(S, kChunkKeys, rows, cn, t0, t0 >= row_lo_max && t1 <= row_hi_min, sc, 0, O,
+                   d);
+    chunk_pv<D>(S, kChunkKeys, heads, per_head, cn, vp, a.v_stride_head, O, d, pf_v);
+  }
+}
+
 // Prefetches the first block of an item's keys (every slot, the item's heads' span of each).
 template <typename T>
 void prefetch_first_block(const PagedAttentionArgs& a, const Item& it) {
@@ -436,39 +537,23 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
   const int kv_lo = keys.lo, kv_hi = keys.hi, last_block = keys.last_block;
   const int32_t* table = keys.table;
   const T *kc = keys.kc, *vc = keys.vc;
+  // Several heads' rows in one item (decode rows; float pool): key-major, in chunks.
+  if constexpr (std::is_same_v<T, float>) {
+    if (it.h1 - it.h0 > 1 && rows <= kMaxRows) {
+      run_key_major<D>(a, keys, it.h1 - it.h0, per_head, Q, O, sc, row_lo_max, row_hi_min);
+      return finish_item<T>(a, it, O, sc.m.data(), sc.l.data(), rows, partial);
+    }
+  }
   // Bytes of a token's slot the item reads: its heads' rows (contiguous in the pool layout).
   const int span = static_cast<int>(((it.h1 - it.h0 - 1) * a.k_stride_head + d) * sizeof(T));
-  // Several heads' rows in one item (float pool): walk each block key-major (see scores_heads).
-  const bool key_major = std::is_same_v<T, float> && it.h1 - it.h0 > 1 && rows <= kMaxRows;
   for (int b = keys.first_block; b <= last_block; ++b) {
     const int t0 = std::max(b * bs, kv_lo), t1 = std::min((b + 1) * bs, kv_hi);
     const int nk = t1 - t0;
     const int64_t block = table[b];
     const T* kb = kc + block * a.k_stride_block + (t0 - b * bs) * a.k_stride_slot;
     const T* vb = vc + block * a.v_stride_block + (t0 - b * bs) * a.v_stride_slot;
-    if (!key_major && b < last_block) keys.prefetch_next(a, b, span);
+    if (b < last_block) keys.prefetch_next(a, b, span);
     const bool all_visible = t0 >= row_lo_max && t1 <= row_hi_min;
-    if (key_major) {
-      // The next block's K is fetched while this block's scores are computed, its V while
-      // this block's values are summed: a line or so per line consumed, so the fetches overlap
-      // the arithmetic (issued all at once at the block's start they stall on the core's
-      // outstanding-miss slots; 2 threads: 23 ms for the step against 29 ms without, when
-      // they went to L1; now prefetch_l2 puts them in L2: 14 ms).
-      const float *kpf = nullptr, *vpf = nullptr;
-      int pf_nk = 0;
-      if (b < last_block) {
-        const int64_t nb = table[b + 1];
-        kpf = reinterpret_cast<const float*>(kc + nb * a.k_stride_block);
-        vpf = reinterpret_cast<const float*>(vc + nb * a.v_stride_block);
-        pf_nk = std::min(bs, kv_hi - (b + 1) * bs);
-      }
-      scores_heads<D>(Q, it.h1 - it.h0, per_head, d, reinterpret_cast<const float*>(kb),
-                      a.k_stride_slot, a.k_stride_head, nk, S, ld, kpf, pf_nk);
-      online_softmax(S, ld, rows, nk, t0, all_visible, sc, 0, O, d);
-      pv_heads<D>(S, ld, it.h1 - it.h0, per_head, nk, reinterpret_cast<const float*>(vb),
-                  a.v_stride_slot, a.v_stride_head, O, d, vpf, pf_nk);
-      continue;
-    }
     for (int h = 0; h < it.h1 - it.h0; ++h) {
       int64_t ks, vs;
       const int row0 = h * per_head;

@@ -97,6 +97,19 @@ def test_many_short_rows_one_item_per_request(heads, kv_heads, dim, window, thre
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 2, 48), (6, 3, 20)])
+@pytest.mark.parametrize("window", [None, 300])
+@pytest.mark.parametrize("requests", [2, 16])
+def test_decode_rows_over_key_chunks(heads, kv_heads, dim, window, requests):
+    # Decode items walk their keys in chunks of 256 (kChunkKeys) with rows prefetched 16 keys
+    # ahead across chunk edges: contexts on, around and well past those edges, a window whose
+    # first key is mid-block, and (2 requests) items cut into split-KV parts.
+    edges = [255, 256, 257, 511, 513, 700, 1000, 1023]
+    context_lens = [1000, 530] if requests == 2 else (edges * 2)[:requests]
+    case = _case(heads, kv_heads, dim, 16, [1] * requests, context_lens, torch.float32, layers=2)
+    _check(case, dim**-0.5, window, torch.float32)
+
+
 @pytest.mark.parametrize("window", [1, 5, 16, 24, 100])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_sliding_window(window, block_size):
