@@ -695,25 +695,55 @@ __attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int
   }
 }
 
-inline void tile_scores(const float* Qt, int rp, int d, const float* K, int64_t ks, int nk,
-                        float* St) {
-  constexpr int kRV = 3;  // 4 x 3 accumulators
-  const int nv = rp / W;
+// The tiles' row vectors in register-block groups of up to 3 (then 2, then 1): f(v, RV) for
+// the group of vectors [v, v + RV). The scores and P.V (by columns) both walk them so.
+template <typename F>
+inline void row_vector_groups(int nv, F&& f) {
   int v = 0;
-  for (; v + kRV <= nv; v += kRV) tile_scores_rows<kRV>(Qt, rp, d, K, ks, nk, St, v);
-  for (; v + 2 <= nv; v += 2) tile_scores_rows<2>(Qt, rp, d, K, ks, nk, St, v);
-  if (v < nv) tile_scores_rows<1>(Qt, rp, d, K, ks, nk, St, v);
+  for (; v + 3 <= nv; v += 3) f(v, std::integral_constant<int, 3>{});
+  for (; v + 2 <= nv; v += 2) f(v, std::integral_constant<int, 2>{});
+  if (v < nv) f(v, std::integral_constant<int, 1>{});
+}
+
+// How many of a block's keys each row vector's passes cover, nks[v]: a block on a tile's
+// diagonal (not all_visible) is cut, for each register-block group of row vectors, after the
+// last key its last row may see (rows are in token order, so later rows see more; padding rows
+// see everything). A causal tile over short prompts computed ~19% of its (row, key) pairs past
+// its rows' positions, masked; cut so, the scores, exp and P.V skip most of them.
+inline void tile_key_counts(const Scratch& sc, int rp, int nk, int t0, bool all_visible,
+                            int* nks) {
+  row_vector_groups(rp / W, [&](int v, auto rv) {
+    constexpr int RV = decltype(rv)::value;
+    int n = nk;
+    if (!all_visible) {
+      const float hi = sc.fhi[(v + RV) * W - 1];  // the group's last row: the most keys
+      n = hi >= static_cast<float>(t0 + nk) ? nk : std::max(0, static_cast<int>(hi) - t0);
+    }
+    for (int u = 0; u < RV; ++u) nks[v + u] = n;
+  });
+}
+
+// St[j, rows of vector v] for keys [0, nks[v]) of K (rows at stride ks).
+inline void tile_scores(const float* Qt, int rp, int d, const float* K, int64_t ks,
+                        const int* nks, float* St) {
+  row_vector_groups(rp / W, [&](int v, auto rv) {  // 4 x 3 accumulators
+    if (nks[v] > 0) tile_scores_rows<decltype(rv)::value>(Qt, rp, d, K, ks, nks[v], St, v);
+  });
 }
 
 // Folds one block's scores into the running softmax, W rows at a time: masks keys a row must not
 // see (row r sees positions [flo[r], fhi[r])), turns scores into exp(s - m) in place, updates
-// m and l, and leaves in corr the factor each row's O must be scaled by.
-inline void tile_softmax(float* St, int rp, int nk, int t0, bool all_visible, Scratch& sc) {
+// m and l, and leaves in corr the factor each row's O must be scaled by. Row vector v's scores
+// stop at key nks[v] (tile_key_counts); its P is 0 from there to nk.
+inline void tile_softmax(float* St, int rp, int nk, const int* nks, int t0, bool all_visible,
+                         Scratch& sc) {
   const vf neg_inf = splat(kNegInf);
   for (int r = 0; r < rp; r += W) {
+    const int n = nks[r / W];
+    for (int j = n; j < nk; ++j) store(St + j * rp + r, vf{});
     const vf lo = load(sc.flo.data() + r), hi = load(sc.fhi.data() + r);
     vf mx = neg_inf;
-    for (int j = 0; j < nk; ++j) {
+    for (int j = 0; j < n; ++j) {
       vf s = load(St + j * rp + r);
       if (!all_visible) {
         const vf pos = splat(static_cast<float>(t0 + j));
@@ -728,7 +758,7 @@ inline void tile_softmax(float* St, int rp, int nk, int t0, bool all_visible, Sc
     const vf m_sub = m_new > neg_inf ? m_new : vf{};
     const vf corr = vexp(m_old - m_sub);  // 0 on a row's first keys, 1 while its max holds
     vf sum = vf{};
-    for (int j = 0; j < nk; ++j) {
+    for (int j = 0; j < n; ++j) {
       const vf p = vexp(load(St + j * rp + r) - m_sub);
       store(St + j * rp + r, p);
       sum += p;
@@ -785,17 +815,19 @@ inline void tile_pv_vec(const float* St, int rp, int nk, const float* V, int64_t
   store(O + r * d + c, acc);
 }
 
-inline void tile_pv_by_rows(const float* St, int rp, int rows, int nk, const float* V,
+// Rows r's keys: those of its row vector (nks, nondecreasing over rows), so a block of rows
+// takes its last row's; an earlier row's P is 0 past its own.
+inline void tile_pv_by_rows(const float* St, int rp, int rows, const int* nks, const float* V,
                             int64_t vs, float* O, int d, const float* corr) {
   int c = 0;
   for (; c + 4 * W <= d; c += 4 * W) {
     int r = 0;
     for (; r + kPvRows <= rows; r += kPvRows)
-      tile_pv_rows<kPvRows>(St, rp, nk, V, vs, O, d, corr, r, c);
-    for (; r < rows; ++r) tile_pv_rows<1>(St, rp, nk, V, vs, O, d, corr, r, c);
+      tile_pv_rows<kPvRows>(St, rp, nks[(r + kPvRows - 1) / W], V, vs, O, d, corr, r, c);
+    for (; r < rows; ++r) tile_pv_rows<1>(St, rp, nks[r / W], V, vs, O, d, corr, r, c);
   }
   for (; c < d; c += W)
-    for (int r = 0; r < rows; ++r) tile_pv_vec(St, rp, nk, V, vs, O, d, corr, r, c);
+    for (int r = 0; r < rows; ++r) tile_pv_vec(St, rp, nks[r / W], V, vs, O, d, corr, r, c);
 }
 
 // With kPvByColumns the tile's output is held transposed, Ot[c * rp + r], so that P.V is the
@@ -828,17 +860,14 @@ __attribute__((always_inline)) inline void tile_pv_cols(const float* St, int rp,
     for (int v = 0; v < RV; ++v) store(Ot + (c0 + u) * rp + (rv0 + v) * W, acc[u][v]);
 }
 
-// Ot (d x rp) = Ot * corr + P.V over the block's nk keys (head sizes a multiple of W, so of 4).
-inline void tile_pv_by_columns(const float* St, int rp, int nk, const float* V, int64_t vs,
-                               float* Ot, int d, const float* corr) {
-  constexpr int kRV = 3;  // 4 x 3 accumulators, as tile_scores
-  const int nv = rp / W;
-  for (int c = 0; c < d; c += 4) {
-    int v = 0;
-    for (; v + kRV <= nv; v += kRV) tile_pv_cols<kRV>(St, rp, nk, V, vs, Ot, corr, c, v);
-    for (; v + 2 <= nv; v += 2) tile_pv_cols<2>(St, rp, nk, V, vs, Ot, corr, c, v);
-    if (v < nv) tile_pv_cols<1>(St, rp, nk, V, vs, Ot, corr, c, v);
-  }
+// Ot (d x rp) = Ot * corr + P.V over row vector v's nks[v] keys of the block (head sizes a
+// multiple of W, so of 4).
+inline void tile_pv_by_columns(const float* St, int rp, const int* nks, const float* V,
+                               int64_t vs, float* Ot, int d, const float* corr) {
+  for (int c = 0; c < d; c += 4)
+    row_vector_groups(rp / W, [&](int v, auto rv) {  // 4 x 3 accumulators, as tile_scores
+      tile_pv_cols<decltype(rv)::value>(St, rp, nks[v], V, vs, Ot, corr, c, v);
+    });
 }
 
 // One prefill tile (it.h1 == it.h0 + 1; head sizes a multiple of W): run_item's walk over the
@@ -894,13 +923,15 @@ void run_tile(const PagedAttentionArgs& a, const Item& it, Scratch& sc, float* p
     const bool all_visible = t0 >= row_lo_max && t1 <= row_hi_min;
     int64_t ks, vs;
     const float* K = block_rows(kb, a.k_stride_slot, nk, d, sc.k.data(), &ks);
-    tile_scores(Qt, rp, d, K, ks, nk, St);
-    tile_softmax(St, rp, nk, t0, all_visible, sc);
+    int nks[kMaxTileRows / W];
+    tile_key_counts(sc, rp, nk, t0, all_visible, nks);
+    tile_scores(Qt, rp, d, K, ks, nks, St);
+    tile_softmax(St, rp, nk, nks, t0, all_visible, sc);
     const float* V = block_rows(vb, a.v_stride_slot, nk, d, sc.v.data(), &vs);
     if constexpr (kPvByColumns)
-      tile_pv_by_columns(St, rp, nk, V, vs, O, d, sc.corr.data());
+      tile_pv_by_columns(St, rp, nks, V, vs, O, d, sc.corr.data());
     else
-      tile_pv_by_rows(St, rp, rows, nk, V, vs, O, d, sc.corr.data());
+      tile_pv_by_rows(St, rp, rows, nks, V, vs, O, d, sc.corr.data());
   }
 
   if constexpr (kPvByColumns) {
