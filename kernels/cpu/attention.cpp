@@ -159,8 +159,8 @@ void pv(const float* P, int ld, int rows, int nk, const float* V, int64_t vs, fl
 // block, and groups of four keys run across block boundaries. Each key's row is prefetched
 // kAheadKeys keys before its pass reads it, in the order the passes read: a chunk's K, its V,
 // the next chunk's K. (Against a walk block by block that prefetched the next block's K during
-// the scores and its V during P.V: 1.21-1.23x faster with the K/V in cache, 1.10x from memory,
-// 1.03-1.05x inside the engine's decode step; docs/benchmarks.md, 2026-12-07.)
+// the scores and its V during P.V: 1.21-1.35x faster with the K/V in cache, 0.97-1.12x from
+// memory, the engine's attention 1.03-1.05x; docs/benchmarks.md, 2026-12-07.)
 constexpr int kChunkKeys = 256;  // a multiple of 4 and of W
 constexpr int kAheadKeys = 16;
 static_assert(kChunkKeys % 4 == 0 && kChunkKeys % W == 0 && kChunkKeys >= kAheadKeys);
@@ -230,8 +230,9 @@ __attribute__((always_inline)) inline void chunk_pv_block(const float* P, int ld
     for (int u = 0; u < U; ++u) store(O + r * dd + u * W, acc[r][u]);
 }
 
-// The rows of one head, U vectors of columns at `off`: register blocks of kRB rows, then 2, 1.
-// The first block prefetches (its rows' columns of pf(j)).
+// The rows of one head, U vectors of columns at `off`: register blocks of kRB rows, then 3, 2,
+// 1 (a group of 3 query heads is one block of 3 on AVX-512 too, not 2 + 1). The first block
+// prefetches (its rows' columns of pf(j)).
 template <int U, typename Pf>
 inline void chunk_pv_rows(const float* P, int ld, int rows, const float* const* vp, int n,
                           int64_t off, float* O, int dd, Pf&& pf) {
@@ -246,7 +247,9 @@ inline void chunk_pv_rows(const float* P, int ld, int rows, const float* const* 
       chunk_pv_block<R, U>(P + r * ld, ld, vp, n, off, O + r * dd, dd, none);
     r += R;
   };
-  while (r + kRB <= rows) run(std::integral_constant<int, kRB>{});
+  if constexpr (kRB > 3)
+    while (r + kRB <= rows) run(std::integral_constant<int, kRB>{});
+  while (r + 3 <= rows) run(std::integral_constant<int, 3>{});
   while (r + 2 <= rows) run(std::integral_constant<int, 2>{});
   if (r < rows) run(std::integral_constant<int, 1>{});
 }
@@ -300,7 +303,7 @@ struct Scratch {
     for (auto* b : {&q, &o}) grow(*b, static_cast<size_t>(kMaxTileRows) * d);
     grow(s, static_cast<size_t>(kMaxTileRows) * std::max(ld, block_size + 4));
     grow(s, static_cast<size_t>(kMaxRows) * kChunkKeys);
-    for (auto* b : {&kp, &vp}) grow(*b, kChunkKeys + kAheadKeys + 4);
+    for (auto* b : {&kp, &vp}) grow(*b, kChunkKeys + kAheadKeys + 4);  // run_key_major's tables
     for (auto* b : {&k, &v}) grow(*b, static_cast<size_t>(block_size) * d);
     for (auto* b : {&m, &l, &corr, &flo, &fhi}) grow(*b, kMaxTileRows);
     for (auto* b : {&lo, &hi}) grow(*b, kMaxTileRows);
@@ -457,10 +460,12 @@ void run_key_major(const PagedAttentionArgs& a, const ItemKeys<float>& keys, int
   float* S = sc.s.data();
   for (int c0 = 0; c0 < n; c0 += kChunkKeys) {
     const int c1 = std::min(n, c0 + kChunkKeys), cn = c1 - c0;
-    // Tables: this chunk's K rows and the next chunk's first kAheadKeys (to prefetch), its V
-    // rows, and P.V's padding (up to 4 keys past cn: the last row again, with P 0).
+    // Tables: this chunk's K rows and the next chunk's first kAheadKeys + 4 (what P.V's pf_v
+    // reaches, padding included), its V rows, and P.V's padding (up to 4 keys past cn: the
+    // last row again, with P 0).
     key_rows(a, keys, keys.lo + c0, keys.lo + c1, kp, vp);
-    key_rows(a, keys, keys.lo + c1, keys.lo + std::min(n, c1 + kAheadKeys), kp + cn, nullptr);
+    key_rows(a, keys, keys.lo + c1, keys.lo + std::min(n, c1 + kAheadKeys + 4), kp + cn,
+             nullptr);
     for (int j = cn; j < cn + 4; ++j) vp[j] = vp[cn - 1];
     const auto pf_k = [&](int j) -> const float* {  // this chunk's K, then its V
       j += kAheadKeys;
