@@ -40,6 +40,20 @@ struct Item {
 constexpr int kMinKeysPerPart = 256;
 constexpr int kMinKeysPerAllHeadsPart = 64;  // an all-heads item's key does every head's work
 
+// Register blocks over n rows (or row vectors): f(i, R) for the block [i, i + R), blocks of
+// Max first (Max >= 3), then 3, then 2, then 1. The decode chunks' scores and P.V and the
+// prefill tiles' scores and P.V walk their rows so.
+template <int Max, typename F>
+inline void register_blocks(int n, F&& f) {
+  static_assert(Max >= 3);
+  int i = 0;
+  if constexpr (Max > 3)
+    for (; i + Max <= n; i += Max) f(i, std::integral_constant<int, Max>{});
+  for (; i + 3 <= n; i += 3) f(i, std::integral_constant<int, 3>{});
+  for (; i + 2 <= n; i += 2) f(i, std::integral_constant<int, 2>{});
+  if (i < n) f(i, std::integral_constant<int, 1>{});
+}
+
 // S[r * ld + j] = dot(Q[r], K[j]) for RB rows and 4 keys (rows of Q contiguous, K rows at
 // stride ks). D > 0 fixes the head size at compile time (loops unrolled); D == 0 reads d.
 template <int D, int RB>
@@ -186,13 +200,10 @@ void chunk_scores(const float* Q, int heads, int per_head, int d, const float* c
           for (int c = 0; c < dd; c += 64 / sizeof(float)) prefetch_l2(row + o + c);
       const float* q = Q + h * per_head * dd;
       float* sh = S + h * per_head * ld + j;
-      int r = 0;
-      for (; r + 3 <= per_head; r += 3)
-        dot_4keys<D, 3>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
-      for (; r + 2 <= per_head; r += 2)
-        dot_4keys<D, 2>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
-      if (r < per_head)
-        dot_4keys<D, 1>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o, sh + r * ld, ld);
+      register_blocks<3>(per_head, [&](int r, auto rb) {
+        dot_4keys<D, decltype(rb)::value>(q + r * dd, d, k0 + o, k1 + o, k2 + o, k3 + o,
+                                          sh + r * ld, ld);
+      });
     }
   }
 }
@@ -230,28 +241,21 @@ __attribute__((always_inline)) inline void chunk_pv_block(const float* P, int ld
     for (int u = 0; u < U; ++u) store(O + r * dd + u * W, acc[r][u]);
 }
 
-// The rows of one head, U vectors of columns at `off`: register blocks of kRB rows, then 3, 2,
-// 1 (a group of 3 query heads is one block of 3 on AVX-512 too, not 2 + 1). The first block
-// prefetches (its rows' columns of pf(j)).
+// The rows of one head, U vectors of columns at `off`, in register blocks (register_blocks:
+// a group of 3 query heads is one block of 3 on AVX-512 too). The first block prefetches (its
+// rows' columns of pf(j)).
 template <int U, typename Pf>
 inline void chunk_pv_rows(const float* P, int ld, int rows, const float* const* vp, int n,
                           int64_t off, float* O, int dd, Pf&& pf) {
   constexpr int kRB = kNumVecRegs >= 32 ? 6 : 3;  // RB x U accumulators, RB broadcasts, 1 V
   const auto none = [](int) -> const float* { return nullptr; };
-  int r = 0;
-  const auto run = [&](auto rb) {
+  register_blocks<kRB>(rows, [&](int r, auto rb) {
     constexpr int R = decltype(rb)::value;
     if (r == 0)
       chunk_pv_block<R, U>(P, ld, vp, n, off, O, dd, pf);
     else
       chunk_pv_block<R, U>(P + r * ld, ld, vp, n, off, O + r * dd, dd, none);
-    r += R;
-  };
-  if constexpr (kRB > 3)
-    while (r + kRB <= rows) run(std::integral_constant<int, kRB>{});
-  while (r + 3 <= rows) run(std::integral_constant<int, 3>{});
-  while (r + 2 <= rows) run(std::integral_constant<int, 2>{});
-  if (r < rows) run(std::integral_constant<int, 1>{});
+  });
 }
 
 // O += P.V for every row over keys [0, n) of vp (n rounded up to 4; past n, the last key's row
@@ -422,6 +426,19 @@ struct ItemKeys {
     kc = static_cast<const T*>(a.k_cache) + it.h0 * a.k_stride_head;
     vc = static_cast<const T*>(a.v_cache) + it.h0 * a.v_stride_head;
   }
+  // K and V rows (their first head's) of key positions [t0, t1) into kp and vp (vp null: K
+  // only).
+  void rows(const PagedAttentionArgs& a, int t0, int t1, const T** kp, const T** vp) const {
+    const int bs = a.block_size;
+    for (int b = t0 / bs; b * bs < t1; ++b) {
+      const T* kb = kc + table[b] * a.k_stride_block;
+      const T* vb = vc + table[b] * a.v_stride_block;
+      for (int t = std::max(t0, b * bs); t < std::min(t1, (b + 1) * bs); ++t) {
+        *kp++ = kb + (t - b * bs) * a.k_stride_slot;
+        if (vp != nullptr) *vp++ = vb + (t - b * bs) * a.v_stride_slot;
+      }
+    }
+  }
   // Prefetches the first `span` bytes of each slot of block b + 1's K and V.
   void prefetch_next(const PagedAttentionArgs& a, int b, int span) const {
     const int64_t next = table[b + 1];
@@ -430,20 +447,6 @@ struct ItemKeys {
     prefetch_rows(vc + next * a.v_stride_block, a.v_stride_slot, nn, span);
   }
 };
-
-// K and V rows of key positions [t0, t1) (of keys' blocks) into kp and vp.
-inline void key_rows(const PagedAttentionArgs& a, const ItemKeys<float>& keys, int t0, int t1,
-                     const float** kp, const float** vp) {
-  const int bs = a.block_size;
-  for (int b = t0 / bs; b * bs < t1; ++b) {
-    const float* kb = keys.kc + keys.table[b] * a.k_stride_block;
-    const float* vb = keys.vc + keys.table[b] * a.v_stride_block;
-    for (int t = std::max(t0, b * bs); t < std::min(t1, (b + 1) * bs); ++t) {
-      *kp++ = kb + (t - b * bs) * a.k_stride_slot;
-      if (vp != nullptr) *vp++ = vb + (t - b * bs) * a.v_stride_slot;
-    }
-  }
-}
 
 // A decode item's walk over its keys in chunks (the float32 pool, every KV head): Q (scaled),
 // O, sc.m and sc.l as run_item sets them up; rows of head h are [h * per_head, (h + 1) *
@@ -463,9 +466,8 @@ void run_key_major(const PagedAttentionArgs& a, const ItemKeys<float>& keys, int
     // Tables: this chunk's K rows and the next chunk's first kAheadKeys + 4 (what P.V's pf_v
     // reaches, padding included), its V rows, and P.V's padding (up to 4 keys past cn: the
     // last row again, with P 0).
-    key_rows(a, keys, keys.lo + c0, keys.lo + c1, kp, vp);
-    key_rows(a, keys, keys.lo + c1, keys.lo + std::min(n, c1 + kAheadKeys + 4), kp + cn,
-             nullptr);
+    keys.rows(a, keys.lo + c0, keys.lo + c1, kp, vp);
+    keys.rows(a, keys.lo + c1, keys.lo + std::min(n, c1 + kAheadKeys + 4), kp + cn, nullptr);
     for (int j = cn; j < cn + 4; ++j) vp[j] = vp[cn - 1];
     const auto pf_k = [&](int j) -> const float* {  // this chunk's K, then its V
       j += kAheadKeys;
@@ -539,9 +541,6 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
   std::fill(O, O + rows * d, 0.0f);
 
   const ItemKeys<T> keys(a, it, ctx);
-  const int kv_lo = keys.lo, kv_hi = keys.hi, last_block = keys.last_block;
-  const int32_t* table = keys.table;
-  const T *kc = keys.kc, *vc = keys.vc;
   // Several heads' rows in one item (decode rows; float pool): key-major, in chunks.
   if constexpr (std::is_same_v<T, float>) {
     if (it.h1 - it.h0 > 1 && rows <= kMaxRows) {
@@ -549,6 +548,9 @@ void run_item(const PagedAttentionArgs& a, const Item& it, Scratch& sc, int ld, 
       return finish_item<T>(a, it, O, sc.m.data(), sc.l.data(), rows, partial);
     }
   }
+  const int kv_lo = keys.lo, kv_hi = keys.hi, last_block = keys.last_block;
+  const int32_t* table = keys.table;
+  const T *kc = keys.kc, *vc = keys.vc;
   // Bytes of a token's slot the item reads: its heads' rows (contiguous in the pool layout).
   const int span = static_cast<int>(((it.h1 - it.h0 - 1) * a.k_stride_head + d) * sizeof(T));
   for (int b = keys.first_block; b <= last_block; ++b) {
@@ -700,24 +702,14 @@ __attribute__((always_inline)) inline void tile_scores_rows(const float* Qt, int
   }
 }
 
-// The tiles' row vectors in register-block groups of up to 3 (then 2, then 1): f(v, RV) for
-// the group of vectors [v, v + RV). The scores and P.V (by columns) both walk them so.
-template <typename F>
-inline void row_vector_groups(int nv, F&& f) {
-  int v = 0;
-  for (; v + 3 <= nv; v += 3) f(v, std::integral_constant<int, 3>{});
-  for (; v + 2 <= nv; v += 2) f(v, std::integral_constant<int, 2>{});
-  if (v < nv) f(v, std::integral_constant<int, 1>{});
-}
-
 // How many of a block's keys each row vector's passes cover, nks[v]: a block on a tile's
-// diagonal (not all_visible) is cut, for each register-block group of row vectors, after the
+// diagonal (not all_visible) is cut, for each register block of row vectors, after the
 // last key its last row may see (rows are in token order, so later rows see more; padding rows
 // see everything). A causal tile over short prompts computed ~19% of its (row, key) pairs past
 // its rows' positions, masked; cut so, the scores, exp and P.V skip most of them.
 inline void tile_key_counts(const Scratch& sc, int rp, int nk, int t0, bool all_visible,
                             int* nks) {
-  row_vector_groups(rp / W, [&](int v, auto rv) {
+  register_blocks<3>(rp / W, [&](int v, auto rv) {
     constexpr int RV = decltype(rv)::value;
     int n = nk;
     if (!all_visible) {
@@ -731,7 +723,7 @@ inline void tile_key_counts(const Scratch& sc, int rp, int nk, int t0, bool all_
 // St[j, rows of vector v] for keys [0, nks[v]) of K (rows at stride ks).
 inline void tile_scores(const float* Qt, int rp, int d, const float* K, int64_t ks,
                         const int* nks, float* St) {
-  row_vector_groups(rp / W, [&](int v, auto rv) {  // 4 x 3 accumulators
+  register_blocks<3>(rp / W, [&](int v, auto rv) {  // 4 x 3 accumulators
     if (nks[v] > 0) tile_scores_rows<decltype(rv)::value>(Qt, rp, d, K, ks, nks[v], St, v);
   });
 }
@@ -870,7 +862,7 @@ __attribute__((always_inline)) inline void tile_pv_cols(const float* St, int rp,
 inline void tile_pv_by_columns(const float* St, int rp, const int* nks, const float* V,
                                int64_t vs, float* Ot, int d, const float* corr) {
   for (int c = 0; c < d; c += 4)
-    row_vector_groups(rp / W, [&](int v, auto rv) {  // 4 x 3 accumulators, as tile_scores
+    register_blocks<3>(rp / W, [&](int v, auto rv) {  // 4 x 3 accumulators, as tile_scores
       tile_pv_cols<decltype(rv)::value>(St, rp, nks[v], V, vs, Ot, corr, c, v);
     });
 }
