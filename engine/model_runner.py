@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.output_rows import OutputRows
 from engine.kv_cache import KVCache
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
@@ -99,16 +100,20 @@ class ModelRunner:
         self.kv_cache.swap_in(output.blocks_to_swap_in)
         if not output.scheduled:
             return StepResult({})
-        input_ids, positions, meta, logits_rows = self._prepare_inputs(output)
+        input_ids, positions, meta = self._prepare_inputs(output)
         self.backend.prepare(meta, self.block_size)
         metas = [
             meta if w is None else dataclasses.replace(meta, sliding_window=w)
             for w in self._windows
         ]
-        hidden = self.model(input_ids, positions, self.kv_cache.layer_caches, metas, self.backend)
-        if not logits_rows:
+        # Only the sampling requests' last rows leave the model (engine.attention.output_rows).
+        sampling = [i for i, s in enumerate(output.scheduled) if s.sample]
+        out_rows = OutputRows.last_rows(meta, sampling)
+        hidden = self.model(
+            input_ids, positions, self.kv_cache.layer_caches, metas, self.backend, out_rows
+        )
+        if not sampling:
             return StepResult({})
-        rows_idx = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
         sampling_rows = [
             SamplingRow(
                 s.request_id,
@@ -120,7 +125,7 @@ class ModelRunner:
             for s in output.scheduled
             if s.sample
         ]
-        tokens = self._sample(hidden.index_select(0, rows_idx), sampling_rows)
+        tokens = self._sample(hidden, sampling_rows)
         return StepResult({r.request_id: t for r, t in zip(sampling_rows, tokens, strict=True)})
 
     def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
@@ -149,14 +154,13 @@ class ModelRunner:
 
     def _prepare_inputs(
         self, output: SchedulerOutput
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         query_lens: list[int] = []
         seq_lens: list[int] = []
-        logits_rows: list[int] = []
         max_blocks = max(len(s.block_table) for s in output.scheduled)
         tables: list[list[int]] = []
         for s in output.scheduled:
@@ -168,8 +172,6 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             query_lens.append(n)
             seq_lens.append(start + n)
-            if s.sample:
-                logits_rows.append(len(input_ids) - 1)
             tables.append(list(table) + [0] * (max_blocks - len(table)))
         dev = self.device
 
@@ -195,4 +197,4 @@ class ModelRunner:
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
-        return ids, pos_t, meta, logits_rows
+        return ids, pos_t, meta

@@ -8,6 +8,9 @@ Per layer, two calls, no per-request Python loop and no copy of the context:
    online softmax over blocks; threaded over (request, KV head, query tile).
 
 ``meta.sliding_window`` (set per layer) limits a row to its last ``window`` positions.
+
+``forward_rows`` stores every row's K/V the same way but attends only some rows (a step's
+last layer for its sampled rows: ``engine.attention.output_rows``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from engine.attention.backend import AttentionMetadata
+from engine.attention.output_rows import OutputRows
 
 
 class CpuAttentionBackend:
@@ -66,5 +70,36 @@ class CpuAttentionBackend:
             meta.seq_lens,
             scale,
             meta.sliding_window or 0,
+        )
+        return out
+
+    def forward_rows(
+        self,
+        q: torch.Tensor,  # [len(rows), num_heads, head_dim]: the rows' queries
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]: every row's
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        rows: OutputRows,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write every row's ``k``/``v`` into the caches (``meta``), then return the attention
+        output ``[len(rows), heads, dim]`` of ``rows`` alone, each a one-query request."""
+        self._ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        if len(rows) == 0:
+            return out
+        rm = rows.meta
+        self._ops.paged_attention(
+            out,
+            q,
+            k_cache,
+            v_cache,
+            rm.block_tables,
+            rm.query_start_loc,
+            rm.seq_lens,
+            scale,
+            rm.sliding_window or 0,
         )
         return out

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.attention.backend import AttentionMetadata
+from engine.attention.output_rows import OutputRows
 from engine.models.layers import PackedLinear, StepRotary
 
 if TYPE_CHECKING:
@@ -69,12 +70,15 @@ class FusedLayers:
         kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
         metas: Sequence[AttentionMetadata],
         covered: int,
+        out_rows: OutputRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(last layer's output, residual stream)`` after every layer, the cpu attention
         backend's KV store and paged attention inside each; ``metas`` (per layer) differ only
         in their sliding window. ``covered``: rows the step's requests own (the rest is
-        padding)."""
+        padding). With ``out_rows``, the last layer computes only those rows' output and
+        returns theirs (engine.attention.output_rows)."""
         meta = metas[0]
+        rows = out_rows.meta if out_rows is not None else None
         out: tuple[torch.Tensor, torch.Tensor] = kernels.decoder_layers(
             x,
             self.input_norms,
@@ -102,6 +106,10 @@ class FusedLayers:
             covered,
             self.scale,
             [m.sliding_window or 0 for m in metas],
+            None if out_rows is None else out_rows.rows,
+            None if rows is None else rows.block_tables,
+            None if rows is None else rows.query_start_loc,
+            None if rows is None else rows.seq_lens,
         )
         return out
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.output_rows import OutputRows, RowsAttentionBackend
 from engine.model_config import ModelConfig
 from engine.models.fused_layers import FusedLayers
 from engine.models.greedy_head import GreedyLmHead
@@ -61,6 +62,30 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        q, k, v = self._qkv(x, rotary)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # v: a strided view
+        return self.o_proj(out.reshape(x.shape[0], self.q_size))
+
+    def forward_rows(
+        self,
+        x: torch.Tensor,
+        rotary: StepRotary,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: RowsAttentionBackend,
+        rows: OutputRows,
+    ) -> torch.Tensor:
+        """Every row's K/V into the cache, the output of ``rows`` alone ``[len(rows), hidden]``
+        (engine.attention.output_rows)."""
+        q, k, v = self._qkv(x, rotary)
+        q = q.index_select(0, rows.rows)
+        out = backend.forward_rows(q, k, v, k_cache, v_cache, meta, rows, self.scale)
+        return self.o_proj(out.reshape(len(rows), self.q_size))
+
+    def _qkv(
+        self, x: torch.Tensor, rotary: StepRotary
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = x.shape[0]
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -71,8 +96,7 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = rotary.apply(q, k)
-        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # v: a strided view
-        return self.o_proj(out.reshape(n, self.q_size))
+        return q, k, v
 
 
 class LlamaMLP(nn.Module):
@@ -113,14 +137,36 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual stream)``: the layer's output is their sum, which the next
         layer's input norm (or the final norm) computes fused with its normalisation."""
-        if residual is None:  # first layer: x is the embedding, the stream starts there
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self._input_norm(x, residual)
         h = self.self_attn(h, rotary, k_cache, v_cache, meta, backend)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h), residual
+
+    def forward_rows(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: StepRotary,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: RowsAttentionBackend,
+        rows: OutputRows,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``forward``, but every row's K/V and only ``rows``' outputs (the last layer of a
+        step that needs no other row: engine.attention.output_rows)."""
+        h, residual = self._input_norm(x, residual)
+        h = self.self_attn.forward_rows(h, rotary, k_cache, v_cache, meta, backend, rows)
+        residual = residual.index_select(0, rows.rows)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
+
+    def _input_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:  # first layer: x is the embedding, the stream starts there
+            return self.input_layernorm(x), x
+        return self.input_layernorm.add_forward(x, residual)
 
     def can_fuse(self) -> bool:
         """True when the compiled ``decoder_layers`` can do this layer's work
@@ -214,18 +260,38 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
         metas: list[AttentionMetadata],  # per layer (differs only for sliding windows)
         backend: AttentionBackend,
+        out_rows: OutputRows | None = None,
     ) -> torch.Tensor:
-        """Return the final hidden states ``[num_tokens, hidden_size]`` (after the norm)."""
+        """Return the final hidden states ``[num_tokens, hidden_size]`` (after the norm), or
+        with ``out_rows`` only those rows' ``[len(out_rows), hidden_size]``, in their order;
+        where the backend can (``RowsAttentionBackend``), the last layer then runs q,
+        attention, o and the MLP for those rows alone (engine.attention.output_rows)."""
         x = self.embed_tokens(input_ids)
         rotary = self.rotary.for_step(positions, x.dtype, self.kernels)
         residual: torch.Tensor | None = None
+        if out_rows is not None and out_rows.covers(x.shape[0]):
+            out_rows = None  # every row: the plain step
         if self.fused_layers and self._fused is not None and backend.name == "cpu":
             covered: int = backend.covered  # type: ignore[attr-defined]
-            x, residual = self._fused(self.kernels, x, rotary, kv_caches, metas, covered)
+            x, residual = self._fused(self.kernels, x, rotary, kv_caches, metas, covered, out_rows)
             return self.norm.add_forward(x, residual)[0]
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
-        for layer, (k_cache, v_cache), meta in zip(layers, kv_caches, metas, strict=True):
-            x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
+        last = len(layers) - 1
+        rows_backend = backend if isinstance(backend, RowsAttentionBackend) else None
+        for i, (layer, (k_cache, v_cache), meta) in enumerate(
+            zip(layers, kv_caches, metas, strict=True)
+        ):
+            if i == last and out_rows is not None and rows_backend is not None:
+                rows = out_rows.with_window(meta.sliding_window)
+                x, residual = layer.forward_rows(
+                    x, residual, rotary, k_cache, v_cache, meta, rows_backend, rows
+                )
+                out_rows = None  # done: x and residual are those rows'
+            else:
+                x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
+        if out_rows is not None:  # the backend ran every row
+            x = x.index_select(0, out_rows.rows)
+            residual = None if residual is None else residual.index_select(0, out_rows.rows)
         if residual is None:
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]

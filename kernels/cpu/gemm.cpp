@@ -418,6 +418,7 @@ void run_panels(const float* x, int64_t m, int64_t k, int64_t ldx, const Out& o,
                 int num_threads) {
   using Wt = typename Out::Weight;
   const int64_t units = o.units();
+  if (m <= 0 || units <= 0) return;  // nothing to compute (a step's last layer may keep no row)
   const int64_t mc_size = m <= 2 * kMC ? m : kMC;
   const int64_t pass_stride = mc_size * NB;  // a pass's part of a unit's buffer
   const int64_t k_blocks = (k + kMaxKC - 1) / kMaxKC;
