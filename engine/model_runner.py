@@ -106,9 +106,12 @@ class ModelRunner:
             meta if w is None else dataclasses.replace(meta, sliding_window=w)
             for w in self._windows
         ]
-        # Only the sampling requests' last rows leave the model (engine.attention.output_rows).
+        # Only the sampling requests' last rows leave the model (engine.attention.output_rows;
+        # every row when each one samples, as in a decode step).
         sampling = [i for i, s in enumerate(output.scheduled) if s.sample]
-        out_rows = OutputRows.last_rows(meta, sampling)
+        out_rows = (
+            None if len(sampling) == meta.num_tokens else OutputRows.last_rows(meta, sampling)
+        )
         hidden = self.model(
             input_ids, positions, self.kv_cache.layer_caches, metas, self.backend, out_rows
         )
