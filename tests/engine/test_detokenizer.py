@@ -53,3 +53,35 @@ def test_stop_string_is_not_leaked_even_when_streamed(tokenizer) -> None:  # typ
 def test_earliest_of_several_stop_strings_wins(tokenizer) -> None:  # type: ignore[no-untyped-def]
     deltas, d = stream(tokenizer, tokenizer.encode(TEXT), stop=("done", "naï"))
     assert d.stop_string == "naï" and "".join(deltas) == "Hello café — "
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_fast_tokenizers_decode_through_rust_with_the_same_text(tokenizer, skip: bool) -> None:  # type: ignore[no-untyped-def]
+    """A fast tokenizer's text comes from ``tokenizers.Tokenizer.decode`` directly, with the
+    text transformers' ``decode`` gives (special tokens kept or skipped, broken characters),
+    and a stream of it is the same as through the wrapper."""
+    import random
+
+    from engine.detokenizer import raw_decode
+
+    raw = raw_decode(tokenizer)
+    assert raw is not None
+    rng = random.Random(3)
+    specials = tokenizer.all_special_ids
+    for _ in range(200):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(0, 9))]
+        if specials and rng.random() < 0.3:
+            ids.insert(rng.randint(0, len(ids)), rng.choice(specials))
+        want = tokenizer.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+        assert raw(ids, skip_special_tokens=skip) == want
+    ids = tokenizer.encode(TEXT) + specials[:2] + tokenizer.encode(TEXT)
+    fast, _ = stream(tokenizer, ids, skip_special_tokens=skip)
+
+    class Wrapped(type(tokenizer)):  # type: ignore[misc]
+        def _decode(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super()._decode(*args, **kwargs)
+
+    slow = Wrapped.from_pretrained(tokenizer.name_or_path)
+    assert raw_decode(slow) is None  # a class that overrides _decode keeps its own
+    wrapped, _ = stream(slow, ids, skip_special_tokens=skip)
+    assert fast == wrapped
