@@ -53,7 +53,7 @@ struct Rows {
   int64_t count = 0;
   const int64_t* index = nullptr;  // ascending rows of the step's batch
   Tensor positions;                // [count] int64: theirs
-  Tensor h, q, att, o, act, out, residual;  // [count, ...] workspaces
+  Tensor h, q, att, o, act, gate_up, out, residual;  // [count, ...] workspaces
   pdcpu::PagedAttentionArgs attention{};
 };
 
@@ -85,9 +85,9 @@ void gather_rows(const float* src, int64_t src_stride, const int64_t* index, int
 // residual stream); the caller's final norm adds them. With `out_rows` (ascending int64 rows
 // below `covered`, and their attention metadata rows_block_tables / rows_query_start_loc /
 // rows_seq_lens: each row a one-query request at its own position), the last layer computes
-// only those rows' output (struct Rows above) and returns theirs, in that order. One call a step instead of one a layer
-// also saves the Python and the dispatch of ~30 arguments per layer (about 70 us each on the
-// 2-core VM: 2 ms of a 50 ms decode step).
+// only those rows' output (struct Rows above) and returns theirs, in that order. One call a
+// step instead of one a layer also saves the Python and the dispatch of ~30 arguments per layer
+// (about 70 us each on the 2-core VM: 2 ms of a 50 ms decode step).
 std::tuple<Tensor, Tensor> decoder_layers(
     Tensor x, at::TensorList input_norms, at::TensorList post_norms, double eps,
     at::TensorList qkv_packed, const c10::List<std::optional<Tensor>>& qkv_bias,
@@ -157,12 +157,19 @@ std::tuple<Tensor, Tensor> decoder_layers(
     }
     TORCH_CHECK(rows_seq_lens->dim() == 1 && rows_seq_lens->size(0) == rows.count,
                 "pdserve_cpu.decoder_layers: rows_seq_lens needs one entry per out_rows row");
+    check_int32_contiguous(*rows_query_start_loc, "rows_query_start_loc");
+    const int32_t* rq = rows_query_start_loc->data_ptr<int32_t>();
+    bool one_each = rows_query_start_loc->numel() == rows.count + 1;
+    for (int64_t i = 0; one_each && i <= rows.count; ++i) one_each = rq[i] == i;
+    TORCH_CHECK(one_each, "pdserve_cpu.decoder_layers: rows_query_start_loc must be 0, 1, ..., "
+                "len(out_rows) (one query a row)");
     rows.positions = positions.index_select(0, r);
     rows.h = at::empty({rows.count, hidden}, opts);
     rows.q = at::empty({rows.count, num_heads, head_dim}, opts);
     rows.att = at::empty({rows.count, num_heads, head_dim}, opts);
     rows.o = at::empty({rows.count, hidden}, opts);
     rows.act = at::empty({rows.count, intermediate}, opts);
+    if (!fused_mlp) rows.gate_up = at::empty({rows.count, 2 * intermediate}, opts);
     rows.out = at::empty({rows.count, hidden}, opts);
     rows.residual = at::empty({rows.count, hidden}, opts);
     if (rows.count > 0) {
@@ -206,18 +213,46 @@ std::tuple<Tensor, Tensor> decoder_layers(
   const int64_t* const pos = positions.data_ptr<int64_t>();
   constexpr auto f32 = pdcpu::DType::kFloat32;
   using pdcpu::Phase;
-  const size_t full_layers = subset ? layers - 1 : layers;
-  for (size_t i = 0; i < layers; ++i) {
+  // Layer i's input norm over every row: residual += the last layer's output (but at the first
+  // layer, where the stream starts at x), normalised into h.
+  auto input_norm = [&](size_t i) {
     const Layer& l = plan[i];
-    if (i == full_layers) break;  // the last layer, for `out_rows` alone: below
-    pdcpu::PhaseClock clock;
-    if (i == 0) {  // the stream starts at x
+    if (i == 0) {
       pdcpu::rms_norm(residual, hidden, nullptr, 0, l.input_norm, h, hidden, n, hidden, e, f32,
                       threads);
-    } else {  // residual += the last layer's output, then normalised
+    } else {
       pdcpu::rms_norm(outs[(i - 1) % 2].data_ptr<float>(), hidden, residual, hidden,
                       l.input_norm, h, hidden, n, hidden, e, f32, threads);
     }
+  };
+  // A layer's half past its attention, for m rows: o from `attention` (into o_buf), res += o
+  // normalised into hh, gate_up with SiLU.mul into act_buf (through gu_buf when not fused), down
+  // into `out`.
+  auto after_attention = [&](const Layer& l, int64_t m, const float* attention, float* o_buf,
+                             float* res, float* hh, float* act_buf, float* gu_buf, float* out,
+                             pdcpu::PhaseClock& clock) {
+    run_linear(l.o, attention, m, q_size, q_size, o_buf, hidden, threads);
+    clock.lap(Phase::kO);
+    pdcpu::rms_norm(o_buf, hidden, res, hidden, l.post_norm, hh, hidden, m, hidden, e, f32,
+                    threads);
+    clock.lap(Phase::kNorms);
+    if (fused_mlp) {
+      run_linear_silu_mul(l.gate_up, hh, m, hidden, hidden, act_buf, intermediate, threads);
+    } else {
+      run_linear(l.gate_up, hh, m, hidden, hidden, gu_buf, 2 * intermediate, threads);
+      pdcpu::silu_mul(gu_buf, 2 * intermediate, act_buf, intermediate, m, intermediate, f32,
+                      threads);
+    }
+    clock.lap(Phase::kGateUp);
+    run_linear(l.down, act_buf, m, intermediate, intermediate, out, hidden, threads);
+    clock.lap(Phase::kDown);
+  };
+  float* const gu_p = fused_mlp ? nullptr : gate_up.data_ptr<float>();
+  const size_t full_layers = subset ? layers - 1 : layers;  // with out_rows, the last: below
+  for (size_t i = 0; i < full_layers; ++i) {
+    const Layer& l = plan[i];
+    pdcpu::PhaseClock clock;
+    input_norm(i);
     clock.lap(Phase::kNorms);
     run_linear(l.qkv, h, n, hidden, hidden, qkv_p, qkv_size, threads);
     clock.lap(Phase::kQkv);
@@ -230,35 +265,15 @@ std::tuple<Tensor, Tensor> decoder_layers(
     clock.lap(Phase::kStoreKV);
     if (attend) pdcpu::paged_attention(l.attention, f32);
     clock.lap(Phase::kAttention);
-    run_linear(l.o, att_p, n, q_size, q_size, o_p, hidden, threads);
-    clock.lap(Phase::kO);
-    pdcpu::rms_norm(o_p, hidden, residual, hidden, l.post_norm, h, hidden, n, hidden, e, f32,
-                    threads);
-    clock.lap(Phase::kNorms);
-    if (fused_mlp) {
-      run_linear_silu_mul(l.gate_up, h, n, hidden, hidden, act_p, intermediate, threads);
-    } else {
-      float* const gu = gate_up.data_ptr<float>();
-      run_linear(l.gate_up, h, n, hidden, hidden, gu, 2 * intermediate, threads);
-      pdcpu::silu_mul(gu, 2 * intermediate, act_p, intermediate, n, intermediate, f32, threads);
-    }
-    clock.lap(Phase::kGateUp);
-    run_linear(l.down, act_p, n, intermediate, intermediate, outs[i % 2].data_ptr<float>(),
-               hidden, threads);
-    clock.lap(Phase::kDown);
+    after_attention(l, n, att_p, o_p, residual, h, act_p, gu_p, outs[i % 2].data_ptr<float>(),
+                    clock);
   }
   if (!subset) return {outs[(layers - 1) % 2], x};
 
   // The last layer: K and V for every row, the rest for `rows` alone (struct Rows).
   const Layer& l = plan[layers - 1];
   pdcpu::PhaseClock clock;
-  if (layers == 1) {
-    pdcpu::rms_norm(residual, hidden, nullptr, 0, l.input_norm, h, hidden, n, hidden, e, f32,
-                    threads);
-  } else {
-    pdcpu::rms_norm(outs[(layers - 2) % 2].data_ptr<float>(), hidden, residual, hidden,
-                    l.input_norm, h, hidden, n, hidden, e, f32, threads);
-  }
+  input_norm(layers - 1);
   clock.lap(Phase::kNorms);
   const int64_t m = rows.count;
   float* const h_rows = rows.h.data_ptr<float>();
@@ -267,10 +282,8 @@ std::tuple<Tensor, Tensor> decoder_layers(
   if (q_size % pdcpu::linear_panel_width() == 0) {  // q's columns are whole panels
     run_linear(columns_of(l.qkv, q_size, 2 * kv_size, hidden), h, n, hidden, hidden,
                qkv_p + q_size, qkv_size, threads);
-    if (m > 0) {
-      run_linear(columns_of(l.qkv, 0, q_size, hidden), h_rows, m, hidden, hidden, q_rows,
-                 q_size, threads);
-    }
+    run_linear(columns_of(l.qkv, 0, q_size, hidden), h_rows, m, hidden, hidden, q_rows, q_size,
+               threads);
   } else {
     run_linear(l.qkv, h, n, hidden, hidden, qkv_p, qkv_size, threads);
     gather_rows(qkv_p, qkv_size, rows.index, m, q_size, q_rows);
@@ -278,37 +291,20 @@ std::tuple<Tensor, Tensor> decoder_layers(
   clock.lap(Phase::kQkv);
   pdcpu::rotary(qkv_p + q_size, n, num_kv_heads, qkv_size, head_dim, head_dim, cos_p, sin_p,
                 table_stride, pos, f32, threads);
-  if (m > 0) {
-    pdcpu::rotary(q_rows, m, num_heads, q_size, head_dim, head_dim, cos_p, sin_p, table_stride,
-                  rows.positions.data_ptr<int64_t>(), f32, threads);
-  }
+  pdcpu::rotary(q_rows, m, num_heads, q_size, head_dim, head_dim, cos_p, sin_p, table_stride,
+                rows.positions.data_ptr<int64_t>(), f32, threads);
   clock.lap(Phase::kRotary);
   pdcpu::store_kv(l.store, f32);
   clock.lap(Phase::kStoreKV);
   if (m == 0) return {rows.out, rows.residual};
   pdcpu::paged_attention(rows.attention, f32);
   clock.lap(Phase::kAttention);
-  float* const o_rows = rows.o.data_ptr<float>();
   float* const res_rows = rows.residual.data_ptr<float>();
-  float* const act_rows = rows.act.data_ptr<float>();
-  run_linear(l.o, rows.att.data_ptr<float>(), m, q_size, q_size, o_rows, hidden, threads);
-  clock.lap(Phase::kO);
   gather_rows(residual, hidden, rows.index, m, hidden, res_rows);
-  pdcpu::rms_norm(o_rows, hidden, res_rows, hidden, l.post_norm, h_rows, hidden, m, hidden, e,
-                  f32, threads);
-  clock.lap(Phase::kNorms);
-  if (fused_mlp) {
-    run_linear_silu_mul(l.gate_up, h_rows, m, hidden, hidden, act_rows, intermediate, threads);
-  } else {
-    const Tensor gu_rows = at::empty({m, 2 * intermediate}, opts);
-    float* const gu = gu_rows.data_ptr<float>();
-    run_linear(l.gate_up, h_rows, m, hidden, hidden, gu, 2 * intermediate, threads);
-    pdcpu::silu_mul(gu, 2 * intermediate, act_rows, intermediate, m, intermediate, f32, threads);
-  }
-  clock.lap(Phase::kGateUp);
-  run_linear(l.down, act_rows, m, intermediate, intermediate, rows.out.data_ptr<float>(), hidden,
-             threads);
-  clock.lap(Phase::kDown);
+  after_attention(l, m, rows.att.data_ptr<float>(), rows.o.data_ptr<float>(), res_rows, h_rows,
+                  rows.act.data_ptr<float>(),
+                  fused_mlp ? nullptr : rows.gate_up.data_ptr<float>(),
+                  rows.out.data_ptr<float>(), clock);
   return {rows.out, rows.residual};
 }
 

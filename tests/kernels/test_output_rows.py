@@ -136,14 +136,18 @@ def test_every_row_is_the_plain_step(model_factory: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "rows,message",
-    [([1, 0], "ascending rows below covered"), ([2], "ascending rows below covered")],
+    "rows,qsl,message",
+    [
+        ([1, 0], None, "ascending rows below covered"),
+        ([2], None, "ascending rows below covered"),
+        ([0, 1], [0, 2, 2], "one query a row"),
+    ],
 )
 def test_decoder_layers_refuse_rows_outside_the_step(
-    model_factory: Any, rows: list[int], message: str
+    model_factory: Any, rows: list[int], qsl: list[int] | None, message: str
 ) -> None:
-    """Rows out of order or past the step's own rows are an error naming them, not a read
-    past the batch; nothing is written."""
+    """Rows out of order or past the step's own rows, or metadata giving a row more than its
+    one query, are an error naming them, not a read past the batch; nothing is written."""
     engine = make_engine(model_factory("llama", **TINY_ARCHS["llama"]))
     model = engine.runner.model
     stack = model._fused
@@ -163,7 +167,8 @@ def test_decoder_layers_refuse_rows_outside_the_step(
             torch.tensor([0, 1]), torch.zeros(1, 1, dtype=i32), torch.tensor([0, 2], dtype=i32),
             torch.tensor([2], dtype=i32), 2, stack.scale, [0] * len(caches),
             torch.tensor(rows), torch.zeros(len(rows), 1, dtype=i32),
-            torch.arange(len(rows) + 1, dtype=i32), torch.full((len(rows),), 2, dtype=i32),
+            torch.arange(len(rows) + 1, dtype=i32) if qsl is None else torch.tensor(qsl, dtype=i32),
+            torch.full((len(rows),), 2, dtype=i32),
         )  # fmt: skip
     for (k, v), (k0, v0) in zip(caches, before, strict=True):
         assert torch.equal(k, k0) and torch.equal(v, v0)
