@@ -1,7 +1,9 @@
 """The workload's physical floor: the least time any engine could take on this machine.
 
-    prefill   every prompt token through every linear layer, causal attention within the
-              prompt, the lm_head for each request's first token: FLOPs at the measured peak
+    prefill   every prompt token through every linear layer (but the last layer past its
+              K/V for the prompt's tokens whose hidden state nobody samples: all but the
+              last), causal attention within the prompt (the last layer's for the last token
+              alone), the lm_head for each request's first token: FLOPs at the measured peak
               GEMM rate;
     decode    steps = the longest request's output - 1 (every request decodes in the same
               steps, as a continuous batch does). A step reads every weight once (decoder
@@ -76,11 +78,14 @@ def physical_floor(
     head_flops_per_token = 2.0 * shape.lm_head_params
     attn_flops_per_key = 4.0 * shape.hidden_size * shape.num_hidden_layers
 
+    attn_flops_per_key_layer = 4.0 * shape.hidden_size
     prefill_flops = 0.0
     for r in requests:
         n = len(r.prompt_token_ids)
         prefill_flops += linear_flops_per_token * n + head_flops_per_token
+        prefill_flops -= 2.0 * shape.last_layer_unsampled_skip * (n - 1)
         prefill_flops += attn_flops_per_key * n * (n + 1) / 2
+        prefill_flops -= attn_flops_per_key_layer * (n - 1) * n / 2
 
     head_element = 2 if screened_head else weight_element
     weight_bytes = weight_element * shape.params_in_linear_layers

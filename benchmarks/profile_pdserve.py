@@ -133,7 +133,11 @@ def instrument(llm: Any, timers: Timers, phases: Any = None) -> list[dict[str, f
             sum(r.num_computed_tokens + r.num_scheduled_tokens for r in out.scheduled) if out else 0
         )
         record = {k: timers.total[k] - before.get(k, 0.0) for k in timers.total}
-        record.update(wall=wall, num_seqs=num_seqs, num_tokens=num_tokens, keys=keys)
+        # Rows whose hidden state the step samples (the last layer runs the others' K/V alone).
+        sampled = sum(1 for r in out.scheduled if r.sample) if out else 0
+        record.update(
+            wall=wall, num_seqs=num_seqs, num_tokens=num_tokens, keys=keys, sampled=sampled
+        )
         if phases is not None:
             names, seconds = phases(True)
             by_name = dict(zip(names, seconds, strict=True))
@@ -212,7 +216,8 @@ def report(steps: list[dict[str, float]], wall_s: float, floors: dict[str, float
         peak = floors.get("fma_gflops")
         if peak and sums["gemm"] > 0:
             rows = sums["num_tokens"] / n
-            gflop = 2.0 * floors["layer_params"] * rows / 1e9
+            unsampled = (sums["num_tokens"] - sums["sampled"]) / n
+            gflop = 2.0 * (floors["layer_params"] * rows - floors["last_skip"] * unsampled) / 1e9
             mm_ms = sums["gemm"] / n * 1e3
             line = (
                 f"  decoder GEMMs: {gflop:.2f} GFLOP a step at {rows:.1f} rows, "
@@ -343,6 +348,7 @@ def main() -> None:
         "layer_weight_bytes": layer_weight_bytes(model)
         or BYTES_PER_PARAM * shape.params_in_linear_layers,
         "layer_params": shape.params_in_linear_layers,
+        "last_skip": shape.last_layer_unsampled_skip,
         "fma_gflops": measure_fma_peak(torch.get_num_threads()) or 0.0,
     }
     print(

@@ -108,8 +108,16 @@ class ModelShape:
 
     @property
     def params_in_linear_layers(self) -> int:
-        """Weights every token multiplies through (all decoder layers, lm_head excluded)."""
+        """Weights every sampled token multiplies through (all decoder layers, lm_head
+        excluded)."""
         return self.num_hidden_layers * self.params_per_layer
+
+    @property
+    def last_layer_unsampled_skip(self) -> int:
+        """Weights of the last layer a token nobody samples (a prompt token but the last) does
+        not multiply through: all but its k and v projections, whose K/V later tokens read."""
+        kv = self.num_key_value_heads * self.head_dim
+        return self.params_per_layer - 2 * self.hidden_size * kv
 
     @property
     def lm_head_params(self) -> int:
@@ -154,7 +162,9 @@ def workload_flops(requests: list[BenchRequest], shape: ModelShape) -> dict[str,
     """The matmul work the workload needs at minimum, in FLOPs.
 
     Every request forwards ``prompt_len + max_tokens - 1`` tokens (the last sampled token is never
-    fed back). Per forwarded token: ``2 * params_in_linear_layers``. The lm_head runs only for
+    fed back). Per forwarded token: ``2 * params_in_linear_layers``, less, for the prompt's
+    tokens but its last (whose hidden state nobody samples), the last layer's weights past its
+    K/V (``last_layer_unsampled_skip``) and that layer's attention. The lm_head runs only for
     the ``max_tokens`` positions whose logits are sampled. Causal attention for the token at
     position ``p`` (0-based) reads ``p + 1`` keys: ``QK^T`` and ``PV`` cost
     ``2 * 2 * num_heads * head_dim * (p + 1)`` per layer.
@@ -163,12 +173,16 @@ def workload_flops(requests: list[BenchRequest], shape: ModelShape) -> dict[str,
         keys read   1 2 3 ... L          sum = L (L + 1) / 2
     """
     linear = lm_head = attention = 0.0
+    per_key_layer = 4.0 * shape.hidden_size
     for r in requests:
-        num_forwarded = len(r.prompt_token_ids) + r.max_tokens - 1
+        prompt = len(r.prompt_token_ids)
+        num_forwarded = prompt + r.max_tokens - 1
         linear += 2.0 * shape.params_in_linear_layers * num_forwarded
+        linear -= 2.0 * shape.last_layer_unsampled_skip * (prompt - 1)
         lm_head += 2.0 * shape.lm_head_params * r.max_tokens
         keys_read = num_forwarded * (num_forwarded + 1) / 2
-        attention += 4.0 * shape.hidden_size * shape.num_hidden_layers * keys_read
+        attention += per_key_layer * shape.num_hidden_layers * keys_read
+        attention -= per_key_layer * (prompt - 1) * prompt / 2  # positions 0 .. prompt - 2
     return {
         "linear": linear,
         "lm_head": lm_head,

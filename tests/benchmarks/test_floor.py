@@ -15,16 +15,40 @@ def test_floor_by_hand() -> None:
     gflops, gbps = 100.0, 10.0
     f = physical_floor(reqs, shape, gflops, gbps)
     assert f.decode_steps == 2  # the longest request decodes 2 tokens after its first
+    # The last layer past its K/V (q, o, gate, up, down) runs for each prompt's last token
+    # alone: the others' hidden states feed nothing but that layer's K and V.
+    h, i = shape.hidden_size, shape.intermediate_size
+    skip = 2 * h * h + 3 * h * i
+    assert shape.last_layer_unsampled_skip == skip
     prefill = 0.0
     for n in (10, 4):
         prefill += 2 * shape.params_in_linear_layers * n + 2 * shape.lm_head_params
-        prefill += 4 * shape.hidden_size * shape.num_hidden_layers * n * (n + 1) / 2
+        prefill -= 2 * skip * (n - 1)
+        prefill += 4 * h * (shape.num_hidden_layers - 1) * n * (n + 1) / 2  # causal, all rows
+        prefill += 4 * h * n  # the last layer: the last token's n keys
     assert f.prefill_s == pytest.approx(prefill / (gflops * 1e9))
     weights = 4 * (shape.params_in_linear_layers + shape.lm_head_params)
     assert f.decode_weights_s == pytest.approx(2 * weights / (gbps * 1e9))
     # only the first request decodes: at positions 10 and 11, reading 11 and 12 positions
     assert f.decode_kv_s == pytest.approx((11 + 12) * kv_bytes_per_position(shape) / 1e10)
     assert f.total_s == pytest.approx(f.prefill_s + f.decode_s)
+
+
+def test_workload_flops_count_the_last_layer_for_sampled_rows() -> None:
+    """The workload's least matmul work: a prompt's tokens but its last skip the last layer past
+    its K/V and that layer's attention; every decode token runs every layer."""
+    from benchmarks.workloads import workload_flops
+
+    shape = model_shape()
+    h, layers = shape.hidden_size, shape.num_hidden_layers
+    one = workload_flops([BenchRequest([5] * 6, 1)], shape)  # a prompt of 6, one token out
+    assert one["linear"] == 2 * (
+        shape.params_in_linear_layers * 6 - 5 * shape.last_layer_unsampled_skip
+    )
+    assert one["attention"] == 4 * h * (layers * 21 - 15)  # 1 + ... + 6 keys; the last layer 6
+    two = workload_flops([BenchRequest([5] * 6, 3)], shape)  # two tokens fed back, both sampled
+    assert two["linear"] - one["linear"] == 2 * 2 * shape.params_in_linear_layers
+    assert two["attention"] - one["attention"] == 4 * h * layers * (7 + 8)
 
 
 def test_compute_bound_steps_add_their_excess() -> None:
