@@ -61,31 +61,10 @@ class LlamaAttention(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        rows: OutputRows | None = None,
     ) -> torch.Tensor:
-        q, k, v = self._qkv(x, rotary)
-        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # v: a strided view
-        return self.o_proj(out.reshape(x.shape[0], self.q_size))
-
-    def forward_rows(
-        self,
-        x: torch.Tensor,
-        rotary: StepRotary,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: RowsAttentionBackend,
-        rows: OutputRows,
-    ) -> torch.Tensor:
-        """Every row's K/V into the cache, the output of ``rows`` alone ``[len(rows), hidden]``
-        (engine.attention.output_rows)."""
-        q, k, v = self._qkv(x, rotary)
-        q = q.index_select(0, rows.rows)
-        out = backend.forward_rows(q, k, v, k_cache, v_cache, meta, rows, self.scale)
-        return self.o_proj(out.reshape(len(rows), self.q_size))
-
-    def _qkv(
-        self, x: torch.Tensor, rotary: StepRotary
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every row's K/V into the cache, and the output of every row, or with ``rows`` (a
+        ``RowsAttentionBackend``'s step: engine.attention.output_rows) of those rows alone."""
         n = x.shape[0]
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -96,7 +75,14 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = rotary.apply(q, k)
-        return q, k, v
+        if rows is None:
+            out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # v: strided
+        else:
+            assert isinstance(backend, RowsAttentionBackend)
+            q = q.index_select(0, rows.rows)
+            out = backend.forward_rows(q, k, v, k_cache, v_cache, meta, rows, self.scale)
+            n = len(rows)
+        return self.o_proj(out.reshape(n, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -134,39 +120,23 @@ class LlamaDecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        rows: OutputRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual stream)``: the layer's output is their sum, which the next
-        layer's input norm (or the final norm) computes fused with its normalisation."""
-        h, residual = self._input_norm(x, residual)
-        h = self.self_attn(h, rotary, k_cache, v_cache, meta, backend)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
-
-    def forward_rows(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        rotary: StepRotary,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: RowsAttentionBackend,
-        rows: OutputRows,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``forward``, but every row's K/V and only ``rows``' outputs (the last layer of a
-        step that needs no other row: engine.attention.output_rows)."""
-        h, residual = self._input_norm(x, residual)
-        h = self.self_attn.forward_rows(h, rotary, k_cache, v_cache, meta, backend, rows)
-        residual = residual.index_select(0, rows.rows)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
-
-    def _input_norm(
-        self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        layer's input norm (or the final norm) computes fused with its normalisation. With
+        ``rows`` (the last layer of a step that needs no other row, on a
+        ``RowsAttentionBackend``: engine.attention.output_rows), every row's K/V but only those
+        rows' outputs."""
         if residual is None:  # first layer: x is the embedding, the stream starts there
-            return self.input_layernorm(x), x
-        return self.input_layernorm.add_forward(x, residual)
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rotary, k_cache, v_cache, meta, backend, rows)
+        if rows is not None:
+            residual = residual.index_select(0, rows.rows)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
     def can_fuse(self) -> bool:
         """True when the compiled ``decoder_layers`` can do this layer's work
@@ -277,18 +247,15 @@ class LlamaForCausalLM(nn.Module):
             return self.norm.add_forward(x, residual)[0]
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         last = len(layers) - 1
-        rows_backend = backend if isinstance(backend, RowsAttentionBackend) else None
+        rows_backend = isinstance(backend, RowsAttentionBackend)
         for i, (layer, (k_cache, v_cache), meta) in enumerate(
             zip(layers, kv_caches, metas, strict=True)
         ):
-            if i == last and out_rows is not None and rows_backend is not None:
+            rows = None
+            if i == last and out_rows is not None and rows_backend:
                 rows = out_rows.with_window(meta.sliding_window)
-                x, residual = layer.forward_rows(
-                    x, residual, rotary, k_cache, v_cache, meta, rows_backend, rows
-                )
-                out_rows = None  # done: x and residual are those rows'
-            else:
-                x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend)
+                out_rows = None  # x and residual become those rows'
+            x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend, rows)
         if out_rows is not None:  # the backend ran every row
             x = x.index_select(0, out_rows.rows)
             residual = None if residual is None else residual.index_select(0, out_rows.rows)
