@@ -78,8 +78,8 @@ class OutputRows:
 
 @runtime_checkable
 class RowsAttentionBackend(Protocol):
-    """A backend that can store every row's K/V but attend only some rows (the cpu backend).
-    With any other backend the model runs the last layer for every row and then keeps the
+    """A backend that can store every row's K/V but attend only some rows (the cpu and torch
+    backends). With any other the model runs the last layer for every row and then keeps the
     rows it needs."""
 
     def forward_rows(

@@ -4,16 +4,21 @@ Per step, ``prepare`` turns the metadata into a plan once (block ids per request
 indices, the masks); per layer, ``forward`` writes the new K/V rows into the pool with one
 ``index_put_`` and runs one fused SDPA per request over that request's gathered blocks.
 The per-request loop is over requests, not tokens, and does no host/device synchronisation.
+``forward_rows`` stores every row the same way but attends only some rows, each as a decode row
+(a step's last layer for its sampled rows: ``engine.attention.output_rows``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention.backend import AttentionMetadata
+from engine.attention.output_rows import OutputRows
 
 
 @dataclass
@@ -105,6 +110,44 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         masks = self._masks_for(meta.sliding_window, q.device)
+        self._store(k, v, k_cache, v_cache)
+        out = torch.empty_like(q)
+        window = meta.sliding_window
+        self._attend(q, k_cache, v_cache, out, masks, window, scale, decode=False)
+        with self._decode_threads(q):
+            self._attend(q, k_cache, v_cache, out, masks, window, scale, decode=True)
+        return out
+
+    def forward_rows(
+        self,
+        q: torch.Tensor,  # [len(rows), num_heads, head_dim]: the rows' queries
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]: every row's
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        rows: OutputRows,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write every row's K/V as ``forward`` does, then return the attention output of
+        ``rows`` alone, each a one-query request attending as a decode row does
+        (engine.attention.output_rows)."""
+        self._store(k, v, k_cache, v_cache)
+        out = torch.empty_like(q)
+        rm = rows.meta
+        block_size = k_cache.shape[1]
+        tables = rm.block_tables.long()
+        with self._decode_threads(q):
+            for i, seq_len in enumerate(rm.seq_lens_cpu):
+                blocks = tables[i, : -(-seq_len // block_size)]
+                out[i] = self._attend_one(
+                    q[i], k_cache, v_cache, blocks, seq_len, rm.sliding_window, scale
+                )
+        return out
+
+    def _store(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
         if self._store_rows is None:
             k_new, v_new = k, v
         else:
@@ -112,20 +155,42 @@ class TorchAttentionBackend:
         k_cache[self._store_blocks, self._store_offsets] = k_new
         v_cache[self._store_blocks, self._store_offsets] = v_new
 
-        out = torch.empty_like(q)
-        window = meta.sliding_window
-        self._attend(q, k_cache, v_cache, out, masks, window, scale, decode=False)
-        # Decode rows are many tiny ops: with several intra-op threads each one pays a
-        # thread-pool barrier, which costs milliseconds on a busy machine. One thread is faster.
+    @contextmanager
+    def _decode_threads(self, q: torch.Tensor) -> Iterator[None]:
+        """Decode rows are many tiny ops: with several intra-op threads each one pays a
+        thread-pool barrier, which costs milliseconds on a busy machine. One thread is
+        faster."""
         num_threads = torch.get_num_threads()
         if num_threads > 1 and not q.is_cuda and self.single_threaded_decode:
             torch.set_num_threads(1)
         try:
-            self._attend(q, k_cache, v_cache, out, masks, window, scale, decode=True)
+            yield
         finally:
             if torch.get_num_threads() != num_threads:
                 torch.set_num_threads(num_threads)
-        return out
+
+    @staticmethod
+    def _attend_one(
+        q_row: torch.Tensor,  # [num_heads, head_dim]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_ids: torch.Tensor,
+        seq_len: int,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """One query at position seq_len - 1 over its request's blocks: two small GEMMs (they
+        beat SDPA's per-call overhead for one query row)."""
+        num_heads, head_dim = q_row.shape
+        num_kv_heads = k_cache.shape[2]
+        keys = k_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)
+        values = v_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)
+        start = max(0, seq_len - window) if window is not None else 0
+        keys, values = keys[start:seq_len], values[start:seq_len]
+        qh = q_row.view(num_kv_heads, num_heads // num_kv_heads, head_dim)
+        scores = torch.matmul(qh, keys.permute(1, 2, 0)).mul_(scale)
+        o = torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1))
+        return o.view(num_heads, head_dim)
 
     def _attend(
         self,
@@ -144,17 +209,13 @@ class TorchAttentionBackend:
         for p, (mask, is_causal) in zip(self._plan, masks, strict=True):
             if (p.q_len == 1) != decode:
                 continue
+            if p.q_len == 1:
+                out[p.q_start] = self._attend_one(
+                    q[p.q_start], k_cache, v_cache, p.block_ids, p.seq_len, window, scale
+                )
+                continue
             keys = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)
             values = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)
-            if p.q_len == 1:
-                # Decode: two small GEMMs beat SDPA's per-call overhead for one query row.
-                start = max(0, p.seq_len - window) if window is not None else 0
-                keys, values = keys[start : p.seq_len], values[start : p.seq_len]
-                qh = q[p.q_start].view(num_kv_heads, group, head_dim)
-                scores = torch.matmul(qh, keys.permute(1, 2, 0)).mul_(scale)
-                o = torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1))
-                out[p.q_start] = o.view(num_heads, head_dim)
-                continue
             o = F.scaled_dot_product_attention(
                 q[p.q_start : p.q_end].transpose(0, 1).unsqueeze(0),
                 keys[: p.seq_len].transpose(0, 1).unsqueeze(0),

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+import kernels.cpu
 from engine.attention.backend import AttentionMetadata
 from engine.attention.output_rows import OutputRows
 from engine.llm_engine import LLMEngine
@@ -121,6 +122,23 @@ def test_last_layer_runs_the_sampled_rows_alone(
     assert torch.equal(plain_mine, mine)
     for (k0, v0), (k1, v1) in zip(mine_caches, plain_caches, strict=True):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+def test_torch_backend_runs_the_sampled_rows_alone(
+    model_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the compiled kernels (the torch backend and layers) the last layer does the
+    same: every row's K/V the same bits, the sampled rows' outputs within rounding."""
+    monkeypatch.setattr(kernels.cpu, "load", lambda: None)
+    engine = make_engine(model_factory("mistral", **FUSED_SHAPES["mistral"]))
+    assert engine.runner.backend.name == "torch" and engine.runner.model.kernels is None
+    _, _, meta = step_metadata(engine)
+    rows = OutputRows.last_rows(meta, SAMPLED)
+    every, every_caches = run_step(engine, None)
+    mine, mine_caches = run_step(engine, rows)
+    for (k0, v0), (k1, v1) in zip(every_caches, mine_caches, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    torch.testing.assert_close(mine, every.index_select(0, rows.rows), rtol=1e-5, atol=1e-5)
 
 
 def test_every_row_is_the_plain_step(model_factory: Any) -> None:
