@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.workloads import BenchRequest, ModelShape
+from benchmarks.workloads import BenchRequest, ModelShape, unsampled_prompt_skip
 
 BYTES_PER_PARAM = 4  # fp32, the CPU benchmark's dtype
 
@@ -78,14 +78,12 @@ def physical_floor(
     head_flops_per_token = 2.0 * shape.lm_head_params
     attn_flops_per_key = 4.0 * shape.hidden_size * shape.num_hidden_layers
 
-    attn_flops_per_key_layer = 4.0 * shape.hidden_size
     prefill_flops = 0.0
     for r in requests:
         n = len(r.prompt_token_ids)
         prefill_flops += linear_flops_per_token * n + head_flops_per_token
-        prefill_flops -= 2.0 * shape.last_layer_unsampled_skip * (n - 1)
         prefill_flops += attn_flops_per_key * n * (n + 1) / 2
-        prefill_flops -= attn_flops_per_key_layer * (n - 1) * n / 2
+        prefill_flops -= sum(unsampled_prompt_skip(shape, n))
 
     head_element = 2 if screened_head else weight_element
     weight_bytes = weight_element * shape.params_in_linear_layers

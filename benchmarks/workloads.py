@@ -158,6 +158,16 @@ def workload_to_json(requests: list[BenchRequest]) -> list[dict[str, object]]:
     return [asdict(r) for r in requests]
 
 
+def unsampled_prompt_skip(shape: ModelShape, prompt_len: int) -> tuple[float, float]:
+    """(linear, attention) FLOPs a prompt of ``prompt_len`` tokens need not spend: its tokens but
+    the last skip the last layer past its K/V (``last_layer_unsampled_skip``) and that layer's
+    attention (positions 0 .. prompt_len - 2 read 1 .. prompt_len - 1 keys)."""
+    unsampled = prompt_len - 1
+    linear = 2.0 * shape.last_layer_unsampled_skip * unsampled
+    attention = 4.0 * shape.hidden_size * unsampled * prompt_len / 2
+    return linear, attention
+
+
 def workload_flops(requests: list[BenchRequest], shape: ModelShape) -> dict[str, float]:
     """The matmul work the workload needs at minimum, in FLOPs.
 
@@ -173,16 +183,14 @@ def workload_flops(requests: list[BenchRequest], shape: ModelShape) -> dict[str,
         keys read   1 2 3 ... L          sum = L (L + 1) / 2
     """
     linear = lm_head = attention = 0.0
-    per_key_layer = 4.0 * shape.hidden_size
     for r in requests:
-        prompt = len(r.prompt_token_ids)
-        num_forwarded = prompt + r.max_tokens - 1
-        linear += 2.0 * shape.params_in_linear_layers * num_forwarded
-        linear -= 2.0 * shape.last_layer_unsampled_skip * (prompt - 1)
+        num_forwarded = len(r.prompt_token_ids) + r.max_tokens - 1
+        skip_linear, skip_attention = unsampled_prompt_skip(shape, len(r.prompt_token_ids))
+        linear += 2.0 * shape.params_in_linear_layers * num_forwarded - skip_linear
         lm_head += 2.0 * shape.lm_head_params * r.max_tokens
         keys_read = num_forwarded * (num_forwarded + 1) / 2
-        attention += per_key_layer * shape.num_hidden_layers * keys_read
-        attention -= per_key_layer * (prompt - 1) * prompt / 2  # positions 0 .. prompt - 2
+        attention += 4.0 * shape.hidden_size * shape.num_hidden_layers * keys_read
+        attention -= skip_attention
     return {
         "linear": linear,
         "lm_head": lm_head,

@@ -125,8 +125,7 @@ class ModelRunner:
                 s.output_token_ids,
                 s.prompt_token_ids,
             )
-            for s in output.scheduled
-            if s.sample
+            for s in (output.scheduled[i] for i in sampling)
         ]
         tokens = self._sample(hidden, sampling_rows)
         return StepResult({r.request_id: t for r, t in zip(sampling_rows, tokens, strict=True)})

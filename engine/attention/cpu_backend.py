@@ -58,19 +58,7 @@ class CpuAttentionBackend:
         out = torch.empty(q.shape, dtype=q.dtype)
         if self._covered < q.shape[0]:
             out[self._covered :].zero_()
-        if meta.num_seqs == 0:
-            return out
-        self._ops.paged_attention(
-            out,
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.query_start_loc,
-            meta.seq_lens,
-            scale,
-            meta.sliding_window or 0,
-        )
+        self._attend(out, q, k_cache, v_cache, meta, scale)
         return out
 
     def forward_rows(
@@ -88,18 +76,29 @@ class CpuAttentionBackend:
         output ``[len(rows), heads, dim]`` of ``rows`` alone, each a one-query request."""
         self._ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype)
-        if len(rows) == 0:
-            return out
-        rm = rows.meta
+        self._attend(out, q, k_cache, v_cache, rows.meta, scale)
+        return out
+
+    def _attend(
+        self,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> None:
+        """``out`` = every request of ``meta`` attending over the caches (nothing without one)."""
+        if meta.num_seqs == 0:
+            return
         self._ops.paged_attention(
             out,
             q,
             k_cache,
             v_cache,
-            rm.block_tables,
-            rm.query_start_loc,
-            rm.seq_lens,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
             scale,
-            rm.sliding_window or 0,
+            meta.sliding_window or 0,
         )
-        return out

@@ -247,12 +247,12 @@ class LlamaForCausalLM(nn.Module):
             return self.norm.add_forward(x, residual)[0]
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         last = len(layers) - 1
-        rows_backend = isinstance(backend, RowsAttentionBackend)
+        rows_backend = out_rows is not None and isinstance(backend, RowsAttentionBackend)
         for i, (layer, (k_cache, v_cache), meta) in enumerate(
             zip(layers, kv_caches, metas, strict=True)
         ):
             rows = None
-            if i == last and out_rows is not None and rows_backend:
+            if i == last and rows_backend and out_rows is not None:
                 rows = out_rows.with_window(meta.sliding_window)
                 out_rows = None  # x and residual become those rows'
             x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend, rows)
