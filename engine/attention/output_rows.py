@@ -78,9 +78,9 @@ class OutputRows:
 
 @runtime_checkable
 class RowsAttentionBackend(Protocol):
-    """A backend that can store every row's K/V but attend only some rows (the cpu and torch
-    backends). With any other the model runs the last layer for every row and then keeps the
-    rows it needs."""
+    """A backend that can store every row's K/V but attend only some rows (the cpu, torch and
+    Triton backends). With any other the model runs the last layer for every row and then
+    keeps the rows it needs."""
 
     def forward_rows(
         self,

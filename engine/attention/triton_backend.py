@@ -11,6 +11,10 @@ Per layer, ``forward`` makes two launches:
 
 ``meta.sliding_window`` (set per layer) limits both to the last ``window`` positions.
 
+``forward_rows`` stores every row's K/V the same way but attends only some rows, each a
+one-query request run by ``paged_decode_attention`` (a step's last layer for its sampled rows:
+``engine.attention.output_rows``).
+
 It runs on CUDA tensors, or on CPU tensors in Triton's interpreter (slow; for tests on tiny
 models), which needs ``TRITON_INTERPRET=1`` before ``triton`` is first imported: ``kernels``
 sets it itself on a host without CUDA when it is the first to import triton.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.backend import AttentionMetadata
+from engine.attention.output_rows import OutputRows
 from kernels.kv_store import store_kv
 from kernels.paged_decode_attention import default_num_splits, paged_decode_attention
 from kernels.paged_prefill_attention import paged_prefill_attention
@@ -61,20 +66,7 @@ class TritonAttentionBackend:
             return torch.zeros_like(q)
         window = meta.sliding_window
         if meta.is_pure_decode and meta.num_tokens == meta.num_seqs:
-            visible = meta.max_seq_len if window is None else min(meta.max_seq_len, window)
-            num_splits = default_num_splits(
-                meta.num_seqs, k_cache.shape[2], visible, self._sm_count(q)
-            )
-            return paged_decode_attention(
-                q,
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.seq_lens,
-                scale,
-                num_splits,
-                sliding_window=window,
-            )
+            return self._decode(q, k_cache, v_cache, meta, scale)
         # 64-row query tiles for real chunks; 16 when every request brings only a few tokens
         # (rows = new tokens x query heads per KV head), so decode rows waste less of a tile.
         queries_per_kv = q.shape[1] // k_cache.shape[2]
@@ -88,6 +80,48 @@ class TritonAttentionBackend:
             meta.seq_lens,
             scale,
             block_m=block_m,
+            sliding_window=window,
+        )
+
+    def forward_rows(
+        self,
+        q: torch.Tensor,  # [len(rows), num_heads, head_dim]: the rows' queries
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]: every row's
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        rows: OutputRows,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write every row's ``k``/``v`` into the caches (``meta``), then return the attention
+        output ``[len(rows), heads, dim]`` of ``rows`` alone, each a one-query request."""
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if len(rows) == 0:
+            return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return self._decode(q, k_cache, v_cache, rows.meta, scale)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Every request of ``meta`` (one query each, at its last position) over the caches,
+        split-KV when there are too few (request, KV head) pairs to fill the GPU."""
+        window = meta.sliding_window
+        visible = meta.max_seq_len if window is None else min(meta.max_seq_len, window)
+        num_splits = default_num_splits(meta.num_seqs, k_cache.shape[2], visible, self._sm_count(q))
+        return paged_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            scale,
+            num_splits,
             sliding_window=window,
         )
 

@@ -16,7 +16,7 @@ import torch
 
 import kernels.cpu
 from engine.attention.backend import AttentionMetadata
-from engine.attention.output_rows import OutputRows
+from engine.attention.output_rows import OutputRows, RowsAttentionBackend
 from engine.llm_engine import LLMEngine
 from tests.conftest import TINY_ARCHS
 from tests.kernels.cpu_ops import cpu_ops
@@ -139,6 +139,30 @@ def test_torch_backend_runs_the_sampled_rows_alone(
     for (k0, v0), (k1, v1) in zip(every_caches, mine_caches, strict=True):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
     torch.testing.assert_close(mine, every.index_select(0, rows.rows), rtol=1e-5, atol=1e-5)
+
+
+def test_triton_backend_runs_the_sampled_rows_alone(model_factory: Any) -> None:
+    """The Triton backend (here under the CPU interpreter, tests/kernels/conftest.py) does the
+    same: every row's K/V the same bits, the sampled rows' outputs (its decode kernel's) within
+    rounding of the step over every row (its prefill kernel's)."""
+    pytest.importorskip("triton")
+    engine = make_engine(
+        model_factory("mistral", **FUSED_SHAPES["mistral"]), attention_backend="triton"
+    )
+    assert engine.runner.backend.name == "triton"
+    assert isinstance(engine.runner.backend, RowsAttentionBackend)
+    _, _, meta = step_metadata(engine)
+    rows = OutputRows.last_rows(meta, SAMPLED)
+    every, every_caches = run_step(engine, None)
+    mine, mine_caches = run_step(engine, rows)
+    assert mine.shape == (2, every.shape[1])
+    for (k0, v0), (k1, v1) in zip(every_caches, mine_caches, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    torch.testing.assert_close(mine, every.index_select(0, rows.rows), rtol=1e-5, atol=1e-5)
+    none, none_caches = run_step(engine, OutputRows.last_rows(meta, []))
+    assert none.shape == (0, every.shape[1])
+    for (k0, v0), (k1, v1) in zip(every_caches, none_caches, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
 def test_every_row_is_the_plain_step(model_factory: Any) -> None:
