@@ -56,6 +56,10 @@ ISA_FLAGS: dict[str, list[str]] = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "default": [],
 }
+# GCC's generic tuning, on purpose: tuned for Zen 3 (what GCC 12 makes of -mtune=native on the
+# project's Zen 4 VM) it folds a GEMM weight vector's load into the FMA of every row, six loads
+# of it a k instead of one, and the decode GEMMs ran 1.35-1.65x slower (docs/benchmarks.md,
+# 2026-12-08). So no -march=native or -mtune=native here.
 BASE_FLAGS = ["-O3", "-pthread", "-fno-math-errno"]
 DISABLE_ENV = "PDSERVE_CPU_KERNELS"
 ISA_ENV = "PDSERVE_CPU_ISA"
