@@ -141,7 +141,9 @@ def test_torch_backend_runs_the_sampled_rows_alone(
     torch.testing.assert_close(mine, every.index_select(0, rows.rows), rtol=1e-5, atol=1e-5)
 
 
-def test_triton_backend_runs_the_sampled_rows_alone(model_factory: Any) -> None:
+def test_triton_backend_runs_the_sampled_rows_alone(
+    model_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Triton backend (here under the CPU interpreter, tests/kernels/conftest.py) does the
     same: every row's K/V the same bits, the sampled rows' outputs (its decode kernel's) within
     rounding of the step over every row (its prefill kernel's)."""
@@ -149,12 +151,22 @@ def test_triton_backend_runs_the_sampled_rows_alone(model_factory: Any) -> None:
     engine = make_engine(
         model_factory("mistral", **FUSED_SHAPES["mistral"]), attention_backend="triton"
     )
-    assert engine.runner.backend.name == "triton"
-    assert isinstance(engine.runner.backend, RowsAttentionBackend)
+    backend = engine.runner.backend
+    assert backend.name == "triton" and isinstance(backend, RowsAttentionBackend)
+    calls: list[int] = []
+    forward_rows = backend.forward_rows
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(len(args[6]))  # the rows: the last layer's, once a step
+        return forward_rows(*args)
+
+    monkeypatch.setattr(backend, "forward_rows", counted)
     _, _, meta = step_metadata(engine)
     rows = OutputRows.last_rows(meta, SAMPLED)
     every, every_caches = run_step(engine, None)
+    assert calls == []
     mine, mine_caches = run_step(engine, rows)
+    assert calls == [2]
     assert mine.shape == (2, every.shape[1])
     for (k0, v0), (k1, v1) in zip(every_caches, mine_caches, strict=True):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
