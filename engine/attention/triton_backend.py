@@ -97,9 +97,7 @@ class TritonAttentionBackend:
         """Write every row's ``k``/``v`` into the caches (``meta``), then return the attention
         output ``[len(rows), heads, dim]`` of ``rows`` alone, each a one-query request."""
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        if len(rows) == 0:
-            return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        return self._decode(q, k_cache, v_cache, rows.meta, scale)
+        return self._decode(q, k_cache, v_cache, rows.meta, scale)  # no rows: an empty launch
 
     def _decode(
         self,

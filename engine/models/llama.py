@@ -247,16 +247,18 @@ class LlamaForCausalLM(nn.Module):
             return self.norm.add_forward(x, residual)[0]
         layers: list[LlamaDecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         last = len(layers) - 1
-        rows_backend = out_rows is not None and isinstance(backend, RowsAttentionBackend)
+        # The rows the last layer runs alone (its x and residual become theirs), if the backend
+        # can (a runtime protocol check: only on steps that name rows).
+        can = out_rows is not None and isinstance(backend, RowsAttentionBackend)
+        last_rows = out_rows if can else None
         for i, (layer, (k_cache, v_cache), meta) in enumerate(
             zip(layers, kv_caches, metas, strict=True)
         ):
             rows = None
-            if i == last and rows_backend and out_rows is not None:
-                rows = out_rows.with_window(meta.sliding_window)
-                out_rows = None  # x and residual become those rows'
+            if i == last and last_rows is not None:
+                rows = last_rows.with_window(meta.sliding_window)
             x, residual = layer(x, residual, rotary, k_cache, v_cache, meta, backend, rows)
-        if out_rows is not None:  # the backend ran every row
+        if out_rows is not None and last_rows is None:  # the backend ran every row
             x = x.index_select(0, out_rows.rows)
             residual = None if residual is None else residual.index_select(0, out_rows.rows)
         if residual is None:
